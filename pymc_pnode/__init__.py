@@ -1,0 +1,13 @@
+"""pymc_pnode: probabilistic numerical ODE solvers as PyMC model terms.
+
+Public API: :class:`ODE`, :func:`solve` with the ODE filters :class:`EK0` and :class:`EK1`, and
+:class:`ProbabilisticSolution`.
+"""
+
+from pymc_pnode.ode import ODE
+from pymc_pnode.priors import IWP
+from pymc_pnode.solve import EK0, EK1, ProbabilisticSolution, solve
+
+__version__ = "0.1.0"
+
+__all__ = ["EK0", "EK1", "IWP", "ODE", "ProbabilisticSolution", "solve"]

@@ -1,0 +1,1 @@
+"""Numba kernels of the square-root ODE filters (forward pass, smoothing, sampling)."""

@@ -1,0 +1,281 @@
+"""The ODE definition: a user vector field written in PyTensor, compiled once to numba kernels."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from pytensor.graph.basic import Variable
+from pytensor.printing import debugprint
+
+from pymc_pnode import _codegen
+
+__all__ = ["ODE"]
+
+
+def _derivative(expr: Variable, wrt: Variable) -> Variable:
+    """d expr / d wrt for 0-d variables; zero when ``expr`` does not depend on ``wrt``."""
+    return pytensor.grad(expr, wrt, disconnected_inputs="ignore", return_disconnected="zero")
+
+
+class ODE:
+    r"""An ordinary differential equation :math:`\dot y = f(y, t, \theta)`.
+
+    The vector field is written once with PyTensor operations, with the signature of
+    :class:`pymc.ode.DifferentialEquation`. On construction it is differentiated symbolically and
+    translated into straight-line numba functions: the vector field, its Jacobians with respect to
+    the state and the parameters, second derivatives (for exact gradients of EK1 filters) and
+    Taylor coefficients of the solution (for exact initialisation). Generated code is cached on
+    disk (see ``PYMC_PNODE_CACHE_DIR``), so a second Python process pays almost nothing.
+
+    Parameters
+    ----------
+    func : callable
+        ``func(y, t, p)`` returning a list (or a 1-d tensor) of ``n_states`` expressions. ``y`` and
+        ``p`` support integer indexing (``y[0]``, ``p[2]``); ``t`` is a scalar.
+    n_states : int
+        Dimension of the state.
+    n_theta : int
+        Number of parameters (may be 0).
+    t0 : float, default 0.0
+        Initial time of the problem.
+
+    Attributes
+    ----------
+    rhs, jac_y, jac_p : numba functions
+        ``rhs(y, t, p, out)`` writes :math:`f` into ``out`` (shape ``(d,)``);
+        ``jac_y(y, t, p, out)`` writes :math:`\partial f_i/\partial y_j` (shape ``(d, d)``);
+        ``jac_p(y, t, p, out)`` writes :math:`\partial f_i/\partial p_k` (shape ``(d, n_theta)``).
+        All arrays are C-contiguous float64; they are callable from Python and from numba code.
+
+    Raises
+    ------
+    ValueError
+        If ``n_states``/``n_theta`` are invalid, or ``func`` does not return ``n_states`` values.
+
+    Examples
+    --------
+    >>> def lotka_volterra(y, t, p):
+    ...     return [p[0] * y[0] - p[1] * y[0] * y[1], p[2] * y[0] * y[1] - p[3] * y[1]]
+    >>> ode = ODE(lotka_volterra, n_states=2, n_theta=4)
+    >>> ode.f([1.0, 1.0], 0.0, [1.0, 1.0, 1.0, 1.0])
+    array([0., 0.])
+    """
+
+    def __init__(self, func: Callable, n_states: int, n_theta: int, t0: float = 0.0):
+        if not callable(func):
+            raise ValueError("func must be callable as func(y, t, p)")
+        if int(n_states) != n_states or n_states < 1:
+            raise ValueError(f"n_states must be a positive integer, got {n_states!r}")
+        if int(n_theta) != n_theta or n_theta < 0:
+            raise ValueError(f"n_theta must be a non-negative integer, got {n_theta!r}")
+        t0 = float(t0)
+        if not np.isfinite(t0):
+            raise ValueError(f"t0 must be finite, got {t0!r}")
+        self.func = func
+        self.n_states = int(n_states)
+        self.n_theta = int(n_theta)
+        self.t0 = t0
+        self._y = [pt.scalar(f"y{i}", dtype="float64") for i in range(self.n_states)]
+        self._t = pt.scalar("t", dtype="float64")
+        self._p = [pt.scalar(f"p{i}", dtype="float64") for i in range(self.n_theta)]
+        self._inputs = [*self._y, self._t, *self._p]
+        self._f = _codegen.canonicalize(self._trace(func), self._inputs)
+        text = io.StringIO()
+        debugprint(self._f, file=text, print_type=True)
+        self._key = _codegen.source_key(text.getvalue(), str(self.n_states), str(self.n_theta))
+        self._taylor: dict[int, tuple] = {}
+        self._hess = None
+        base = self._module("base", self._base_source)
+        self.rhs = base.rhs
+        self.jac_y = base.jac_y
+        self.jac_p = base.jac_p
+
+    # ------------------------------------------------------------------ tracing and codegen
+    def _trace(self, func: Callable) -> list[Variable]:
+        try:
+            out = func(list(self._y), self._t, list(self._p))
+        except (TypeError, IndexError, ValueError, AttributeError):
+            # The field uses vector operations: give it stacked vectors; rewrites usually reduce
+            # the result back to scalar operations.
+            yv = pt.stack(self._y)
+            pv = pt.stack(self._p) if self._p else pt.zeros((0,), dtype="float64")
+            out = func(yv, self._t, pv)
+        if isinstance(out, (list, tuple)):
+            outs = [pt.as_tensor_variable(o) for o in out]
+        else:
+            out = pt.as_tensor_variable(out)
+            if out.ndim == 0:
+                outs = [out]
+            elif out.ndim == 1:
+                length = out.type.shape[0]
+                if length is None and out.owner is not None and type(out.owner.op).__name__ == "MakeVector":
+                    length = len(out.owner.inputs)
+                if length is None:
+                    length = self.n_states
+                outs = [out[i] for i in range(length)]
+            else:
+                raise ValueError(
+                    f"func must return a list or a 1-d tensor of {self.n_states} values; "
+                    f"got a {out.ndim}-d tensor"
+                )
+        if len(outs) != self.n_states:
+            raise ValueError(
+                f"func returned {len(outs)} values but n_states={self.n_states}"
+            )
+        for i, o in enumerate(outs):
+            if o.ndim != 0:
+                raise ValueError(f"func output {i} is not a scalar (ndim={o.ndim})")
+        return [pt.cast(o, "float64") if o.dtype != "float64" else o for o in outs]
+
+    def _module(self, kind: str, make_source: Callable[[], str]):
+        key = _codegen.source_key(self._key, kind)
+        module = _codegen.load_module(key)
+        if module is None:
+            try:
+                source = make_source()
+            except _codegen.UnsupportedOperation as err:
+                raise ValueError(
+                    f"func uses an operation that cannot be compiled to scalar numba code: {err}. "
+                    "Write the vector field with scalar PyTensor operations (indexing, +, *, "
+                    "exp, sin, ...)."
+                ) from err
+            module = _codegen.load_module(key, source)
+        return module
+
+    def _gen(self, fname, kind, outputs, shapes):
+        return _codegen.function_source(fname, kind, self._y, self._t, self._p, outputs, shapes)
+
+    def _base_source(self) -> str:
+        d, k = self.n_states, self.n_theta
+        jy = [_derivative(fi, yj) for fi in self._f for yj in self._y]
+        jp = [_derivative(fi, pj) for fi in self._f for pj in self._p]
+        return "\n\n".join(
+            [
+                self._gen("rhs", "vec", {"out": self._f}, {"out": (d,)}),
+                self._gen("jac_y", "mat", {"out": jy}, {"out": (d, d)}),
+                self._gen("jac_p", "mat", {"out": jp}, {"out": (d, k)}),
+            ]
+        )
+
+    def _hess_source(self) -> str:
+        d, k = self.n_states, self.n_theta
+        jy = [[_derivative(fi, yj) for yj in self._y] for fi in self._f]
+        hyy = [_derivative(jy[i][j], yl) for i in range(d) for j in range(d) for yl in self._y]
+        hyp = [_derivative(jy[i][j], pl) for i in range(d) for j in range(d) for pl in self._p]
+        return "\n\n".join(
+            [
+                self._gen("hess_yy", "ten", {"out": hyy}, {"out": (d, d, d)}),
+                self._gen("hess_yp", "ten", {"out": hyp}, {"out": (d, d, k)}),
+            ]
+        )
+
+    def _lie_derivatives(self, order: int) -> list[list[Variable]]:
+        """Time derivatives y^(k) = g_k(y, t, p), k = 0..order, of the exact solution."""
+        g = [list(self._y)]
+        for _ in range(order):
+            prev = g[-1]
+            nxt = []
+            for gi in prev:
+                expr = _derivative(gi, self._t)
+                for yj, fj in zip(self._y, self._f):
+                    expr = expr + _derivative(gi, yj) * fj
+                nxt.append(expr)
+            g.append(_codegen.canonicalize(nxt, self._inputs))
+        return g
+
+    def _taylor_source(self, order: int) -> str:
+        d, k = self.n_states, self.n_theta
+        g = self._lie_derivatives(order)
+        flat = [gi for level in g for gi in level]
+        dy = [_derivative(gi, yj) for gi in flat for yj in self._y]
+        dp = [_derivative(gi, pj) for gi in flat for pj in self._p]
+        shapes = {"out": (order + 1, d)}
+        return "\n\n".join(
+            [
+                self._gen("taylor", "mat", {"out": flat}, shapes),
+                self._gen(
+                    "taylor_jac",
+                    "ten2",
+                    {"out_y": dy, "out_p": dp},
+                    {"out_y": (order + 1, d, d), "out_p": (order + 1, d, k)},
+                ),
+            ]
+        )
+
+    # ------------------------------------------------------------------ lazily compiled parts
+    @property
+    def hess_yy(self):
+        r"""``hess_yy(y, t, p, out)``: :math:`\partial^2 f_i / \partial y_j \partial y_k` into ``(d, d, d)``."""
+        return self._hessians()[0]
+
+    @property
+    def hess_yp(self):
+        r"""``hess_yp(y, t, p, out)``: :math:`\partial^2 f_i / \partial y_j \partial p_k` into ``(d, d, n_theta)``."""
+        return self._hessians()[1]
+
+    def _hessians(self):
+        if self._hess is None:
+            mod = self._module("hess", self._hess_source)
+            self._hess = (mod.hess_yy, mod.hess_yp)
+        return self._hess
+
+    def taylor_functions(self, order: int):
+        r"""Compiled exact Taylor coefficients of the solution up to ``order``.
+
+        Returns ``(taylor, taylor_jac)``: ``taylor(y0, t0, p, out)`` writes the derivatives
+        :math:`y^{(k)}(t_0)`, ``k = 0..order``, into ``out`` of shape ``(order + 1, d)``;
+        ``taylor_jac(y0, t0, p, out_y, out_p)`` writes their derivatives with respect to ``y0``
+        (shape ``(order + 1, d, d)``) and ``p`` (shape ``(order + 1, d, n_theta)``). They are
+        obtained by exact symbolic differentiation (repeated Lie derivatives), not finite
+        differences.
+        """
+        order = int(order)
+        if order < 0:
+            raise ValueError(f"order must be >= 0, got {order}")
+        if order not in self._taylor:
+            mod = self._module(f"taylor{order}", lambda: self._taylor_source(order))
+            self._taylor[order] = (mod.taylor, mod.taylor_jac)
+        return self._taylor[order]
+
+    # ------------------------------------------------------------------ validation and helpers
+    def validate_y0(self, y0, name: str = "y0") -> np.ndarray:
+        """``y0`` as a float64 array of shape ``(n_states,)``; ``ValueError`` otherwise."""
+        arr = np.asarray(y0, dtype=np.float64)
+        if arr.shape != (self.n_states,):
+            raise ValueError(f"{name} must have shape ({self.n_states},), got {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be finite, got {arr}")
+        return np.ascontiguousarray(arr)
+
+    def validate_theta(self, theta, name: str = "theta") -> np.ndarray:
+        """``theta`` as a float64 array of shape ``(n_theta,)``; ``ValueError`` otherwise."""
+        arr = np.asarray(theta if theta is not None else [], dtype=np.float64).reshape(-1)
+        if arr.shape != (self.n_theta,):
+            raise ValueError(f"{name} must have shape ({self.n_theta},), got {np.shape(theta)}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be finite, got {arr}")
+        return np.ascontiguousarray(arr)
+
+    def f(self, y: Sequence[float], t: float, theta: Sequence[float]) -> np.ndarray:
+        """Evaluate the vector field at one point (convenience; kernels call ``rhs`` directly)."""
+        out = np.empty(self.n_states)
+        self.rhs(self.validate_y0(y, "y"), float(t), self.validate_theta(theta), out)
+        return out
+
+    def jacobian(self, y: Sequence[float], t: float, theta: Sequence[float]) -> np.ndarray:
+        """The Jacobian :math:`\\partial f/\\partial y` at one point, shape ``(d, d)``."""
+        out = np.empty((self.n_states, self.n_states))
+        self.jac_y(self.validate_y0(y, "y"), float(t), self.validate_theta(theta), out)
+        return out
+
+    def __repr__(self) -> str:
+        name = getattr(self.func, "__name__", "func")
+        return f"ODE({name}, n_states={self.n_states}, n_theta={self.n_theta}, t0={self.t0})"
+
+    def __reduce__(self):
+        # Compiled functions do not pickle; rebuild from the user function (cheap: disk cache).
+        return (ODE, (self.func, self.n_states, self.n_theta, self.t0))

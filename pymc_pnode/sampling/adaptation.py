@@ -1,0 +1,157 @@
+"""Tuning helpers shared by the within-replica moves.
+
+* :class:`DualAveraging` -- Nesterov dual averaging of a log step size towards a
+  target acceptance probability (Hoffman & Gelman 2014, Algorithm 5).
+* :class:`WelfordCovariance` -- streaming mean/covariance estimate with the
+  shrinkage used by Stan for mass-matrix estimates.
+* :class:`DoublingWindows` -- schedule of doubling estimation windows.  PyMC
+  does not tell a step method how long tuning will last, so windows simply
+  double in length and the last completed window wins.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["DoublingWindows", "DualAveraging", "WelfordCovariance"]
+
+
+class DualAveraging:
+    """Dual-averaging adaptation of a positive step size.
+
+    The acceptance probability is assumed to decrease with the step size, as
+    for random-walk proposal scales and leapfrog step sizes.
+
+    Parameters
+    ----------
+    initial_step : float
+        Starting step size (> 0).
+    target : float
+        Target mean acceptance probability in ``(0, 1)``.
+    gamma : float, default 0.05
+        Regularisation strength towards ``10 * initial_step``.
+    t0 : float, default 10.0
+        Offset damping the first iterations.
+    kappa : float, default 0.75
+        Decay exponent of the averaging weights.
+    """
+
+    def __init__(
+        self,
+        initial_step: float,
+        target: float,
+        gamma: float = 0.05,
+        t0: float = 10.0,
+        kappa: float = 0.75,
+    ) -> None:
+        if not 0.0 < target < 1.0:
+            raise ValueError(f"target acceptance must lie in (0, 1), got {target!r}.")
+        self.target = float(target)
+        self.gamma = float(gamma)
+        self.t0 = float(t0)
+        self.kappa = float(kappa)
+        self.restart(initial_step)
+
+    def restart(self, step: float) -> None:
+        """Restart the averaging around a new step size (e.g. after a metric change)."""
+        self.log_step = float(np.log(step))
+        self.log_step_bar = self.log_step
+        # Shrinking towards a *larger* step makes early iterations explore boldly.
+        self.mu = float(np.log(10.0 * step))
+        self.h_bar = 0.0
+        self.count = 0
+
+    @property
+    def step(self) -> float:
+        """Step size to use while tuning."""
+        return float(np.exp(self.log_step))
+
+    @property
+    def final_step(self) -> float:
+        """Averaged step size to use after tuning."""
+        return float(np.exp(self.log_step_bar))
+
+    def update(self, accept_prob: float) -> None:
+        """Feed one acceptance probability (NaN counts as 0)."""
+        if not np.isfinite(accept_prob):
+            accept_prob = 0.0
+        self.count += 1
+        weight = 1.0 / (self.count + self.t0)
+        self.h_bar = (1.0 - weight) * self.h_bar + weight * (self.target - accept_prob)
+        self.log_step = self.mu - np.sqrt(self.count) / self.gamma * self.h_bar
+        eta = self.count ** (-self.kappa)
+        self.log_step_bar = eta * self.log_step + (1.0 - eta) * self.log_step_bar
+
+
+class WelfordCovariance:
+    """Streaming estimate of the mean and (co)variance of replica states.
+
+    Parameters
+    ----------
+    ndim : int
+        Dimension of the states.
+    diagonal : bool, default False
+        Track only the marginal variances.
+    """
+
+    def __init__(self, ndim: int, diagonal: bool = False) -> None:
+        self.ndim = int(ndim)
+        self.diagonal = bool(diagonal)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all observations."""
+        self.n = 0
+        self.mean = np.zeros(self.ndim)
+        shape = (self.ndim,) if self.diagonal else (self.ndim, self.ndim)
+        self._m2 = np.zeros(shape)
+
+    def add(self, x: np.ndarray) -> None:
+        """Add one observation."""
+        self.n += 1
+        delta = x - self.mean
+        self.mean += delta / self.n
+        if self.diagonal:
+            self._m2 += delta * (x - self.mean)
+        else:
+            self._m2 += np.outer(delta, x - self.mean)
+
+    def estimate(self) -> np.ndarray:
+        """Regularised (co)variance.
+
+        Returns ``n / (n + 5) * S + 1e-3 * 5 / (n + 5) * I``, the shrinkage Stan
+        uses, which keeps the estimate positive definite for small ``n``.
+        """
+        if self.n < 2:
+            raise ValueError("At least two observations are needed for a covariance estimate.")
+        sample = self._m2 / (self.n - 1)
+        weight = self.n / (self.n + 5.0)
+        shrink = 1e-3 * 5.0 / (self.n + 5.0)
+        if self.diagonal:
+            return weight * sample + shrink
+        return weight * sample + shrink * np.eye(self.ndim)
+
+
+class DoublingWindows:
+    """Tuning windows of lengths ``first, 2 * first, 4 * first, ...``.
+
+    Parameters
+    ----------
+    first : int, default 100
+        Length of the first window.
+    """
+
+    def __init__(self, first: int = 100) -> None:
+        if first < 1:
+            raise ValueError(f"first window length must be >= 1, got {first!r}.")
+        self.length = int(first)
+        self.position = 0
+
+    def advance(self) -> bool:
+        """Count one tuning iteration; return True when a window has just closed."""
+        self.position += 1
+        if self.position >= self.length:
+            self.position = 0
+            self.length *= 2
+            return True
+        return False

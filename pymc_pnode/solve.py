@@ -1,0 +1,374 @@
+"""``solve``: probabilistic numerical solution of an ODE initial value problem with an ODE filter."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from pymc_pnode.filtering.odefilter import (
+    DIFFUSION_FIXED,
+    DIFFUSION_GLOBAL,
+    DIFFUSION_LOCAL,
+    STATUS_MESSAGES,
+    STATUS_NONFINITE,
+    STATUS_SUCCESS,
+    run_filter,
+)
+from pymc_pnode.filtering.smoother import interpolate, sample_backward, smooth
+from pymc_pnode.ode import ODE
+from pymc_pnode.priors import IWP
+
+__all__ = ["EK0", "EK1", "ProbabilisticSolution", "solve"]
+
+
+@dataclass(frozen=True)
+class _ODEFilter:
+    order: int = 3
+    ek1: bool = field(default=True, init=False, repr=False)
+
+    def __post_init__(self):
+        IWP(self.order)  # validates the order with a clear ValueError
+
+    @property
+    def prior(self) -> IWP:
+        return IWP(self.order)
+
+
+@dataclass(frozen=True)
+class EK1(_ODEFilter):
+    """First-order extended Kalman ODE filter (linearises with the Jacobian of the vector field).
+
+    Semi-implicit and A-stable; the default solver. ``order`` is the number ``q`` of derivatives
+    of the IWP(q) prior.
+    """
+
+    ek1: bool = field(default=True, init=False, repr=False)
+
+
+@dataclass(frozen=True)
+class EK0(_ODEFilter):
+    """Zeroth-order extended Kalman ODE filter (no Jacobian; explicit, not A-stable)."""
+
+    ek1: bool = field(default=False, init=False, repr=False)
+
+
+_DIFFUSIONS = {
+    "calibrated": DIFFUSION_GLOBAL,
+    "global": DIFFUSION_GLOBAL,
+    "local": DIFFUSION_LOCAL,
+    "time_varying": DIFFUSION_LOCAL,
+    "dynamic": DIFFUSION_LOCAL,
+}
+
+
+def _diffusion_mode(diffusion) -> tuple[int, float]:
+    if isinstance(diffusion, str):
+        if diffusion not in _DIFFUSIONS:
+            raise ValueError(
+                f"diffusion must be a positive number or one of {sorted(_DIFFUSIONS)}, got {diffusion!r}"
+            )
+        return _DIFFUSIONS[diffusion], 1.0
+    value = float(diffusion)
+    if not (value > 0.0 and math.isfinite(value)):
+        raise ValueError(f"diffusion must be positive and finite, got {diffusion!r}")
+    return DIFFUSION_FIXED, value
+
+
+def validate_times(times, t_span: tuple[float, float], name: str) -> np.ndarray:
+    """Strictly increasing finite times inside ``t_span``; ``ValueError`` naming ``name`` otherwise."""
+    arr = np.atleast_1d(np.asarray(times, dtype=np.float64))
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-d sequence of times")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite")
+    if np.any(np.diff(arr) <= 0):
+        raise ValueError(f"{name} must be strictly increasing")
+    if arr[0] < t_span[0] or arr[-1] > t_span[1]:
+        raise ValueError(f"{name} must lie inside t_span={t_span}, got [{arr[0]}, {arr[-1]}]")
+    return arr
+
+
+def validate_t_span(t_span) -> tuple[float, float]:
+    try:
+        t0, t1 = (float(v) for v in t_span)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"t_span must be a pair (t0, t1), got {t_span!r}") from err
+    if not (math.isfinite(t0) and math.isfinite(t1) and t1 > t0):
+        raise ValueError(f"t_span must be finite with t1 > t0, got {t_span!r}")
+    return t0, t1
+
+
+def fixed_grid(stops: np.ndarray, step: float) -> np.ndarray:
+    """Grid with steps of at most ``step`` that contains every entry of ``stops`` exactly."""
+    pieces = [stops[:1]]
+    for a, b in zip(stops[:-1], stops[1:]):
+        n = max(1, math.ceil((b - a) / step - 1e-9))
+        inner = a + (b - a) * np.arange(1, n + 1) / n
+        inner[-1] = b
+        pieces.append(inner)
+    return np.concatenate(pieces)
+
+
+def initial_step(ode: ODE, y0, theta, t0: float, rtol: float, atol: float, q: int) -> float:
+    """Step-size guess from the scale of ``y0`` and ``f(y0)`` (Hairer, Nørsett & Wanner, II.4)."""
+    f0 = ode.f(y0, t0, theta)
+    sc = atol + rtol * np.abs(y0)
+    d0 = np.sqrt(np.mean((y0 / sc) ** 2))
+    d1 = np.sqrt(np.mean((f0 / sc) ** 2))
+    h0 = 1e-6 if (d0 < 1e-5 or d1 < 1e-5 or not np.isfinite(d1)) else 0.01 * d0 / d1
+    return float(h0)
+
+
+class ProbabilisticSolution:
+    """Gaussian posterior of an ODE solution computed by an ODE filter.
+
+    Attributes
+    ----------
+    t : ndarray, shape (T,)
+        Output times.
+    mean : ndarray, shape (T, d)
+        Posterior mean of the solution at ``t``.
+    cov : ndarray, shape (T, d, d)
+        Posterior covariance at ``t``.
+    std : ndarray, shape (T, d)
+        Posterior standard deviations.
+    stats : dict
+        ``n_steps`` (accepted), ``n_rejected``, ``n_f_evals``, ``success``, ``status``,
+        ``message`` and the calibrated ``diffusion``.
+    """
+
+    def __init__(self, ode, theta, solver, ts, mus, rs, kappas, out_index, stats, smoothed):
+        self.ode = ode
+        self.theta = theta
+        self.solver = solver
+        self.stats = stats
+        self._grid = ts
+        self._mus = mus
+        self._rs = rs
+        self._kappas = kappas
+        self._out_index = out_index
+        self._smoothed_wanted = smoothed
+        self.t = ts[out_index]
+
+    @property
+    def success(self) -> bool:
+        """Whether the solve reached the end of the time span."""
+        return bool(self.stats["success"])
+
+    @cached_property
+    def _smoothing(self):
+        q = self.solver.order
+        rq = self.solver.prior.Q_bar_sqrt
+        if self._grid.size < 2:
+            empty = np.zeros((self._grid.size,) + self._rs.shape[1:])
+            return self._mus, self._rs, empty, np.zeros_like(self._mus), empty
+        return smooth(self._grid, self._mus, self._rs, self._kappas, q, self.ode.n_states, rq)
+
+    def _state(self):
+        if self._smoothed_wanted:
+            mus, rs = self._smoothing[:2]
+        else:
+            mus, rs = self._mus, self._rs
+        return mus[self._out_index], rs[self._out_index]
+
+    @cached_property
+    def state_mean(self) -> np.ndarray:
+        """Posterior mean of ``(y, y', ..., y^(q))`` at ``t``, shape ``(T, q+1, d)``."""
+        mus, _ = self._state()
+        return mus.reshape(mus.shape[0], self.solver.order + 1, self.ode.n_states)
+
+    @cached_property
+    def mean(self) -> np.ndarray:
+        return np.ascontiguousarray(self.state_mean[:, 0, :])
+
+    @cached_property
+    def cov(self) -> np.ndarray:
+        _, rs = self._state()
+        r0 = rs[:, :, : self.ode.n_states]
+        return np.einsum("nki,nkj->nij", r0, r0)
+
+    @cached_property
+    def std(self) -> np.ndarray:
+        return np.sqrt(np.clip(np.einsum("nii->ni", self.cov), 0.0, None))
+
+    def sample(self, n: int = 1, rng=None) -> np.ndarray:
+        """Joint samples of the solution trajectory at ``t``, shape ``(n, T, d)``.
+
+        Samples are drawn from the full Gauss–Markov posterior (backward kernels), so they are
+        correlated in time, not independent marginal draws.
+        """
+        if int(n) != n or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        rng = np.random.default_rng(rng)
+        _, _, gs, ds, lams = self._smoothing
+        z = rng.standard_normal((int(n),) + self._mus.shape)
+        draws = sample_backward(self._mus[-1], self._rs[-1], gs, ds, lams, z)
+        return draws[:, self._out_index, : self.ode.n_states]
+
+    def interpolate(self, times) -> tuple[np.ndarray, np.ndarray]:
+        """Dense output: smoothed mean ``(T', d)`` and covariance ``(T', d, d)`` at any ``times``."""
+        times = validate_times(times, (self._grid[0], self._grid[-1]), "times")
+        mus_s, rs_s = self._smoothing[:2]
+        q, d = self.solver.order, self.ode.n_states
+        rq = self.solver.prior.Q_bar_sqrt
+        dd = (q + 1) * d
+        mean = np.empty((times.size, d))
+        cov = np.empty((times.size, d, d))
+        mu = np.empty(dd)
+        r = np.empty((dd, dd))
+        for i, t in enumerate(times):
+            interpolate(t, self._grid, self._mus, self._rs, self._kappas, mus_s, rs_s, q, d, rq, mu, r)
+            mean[i] = mu[:d]
+            cov[i] = r[:, :d].T @ r[:, :d]
+        return mean, cov
+
+    def to_xarray(self):
+        """The solution as an :class:`xarray.Dataset` with ``mean``, ``std`` and ``cov``."""
+        import xarray as xr
+
+        d = self.ode.n_states
+        coords = {"time": self.t, "state": np.arange(d), "state_": np.arange(d)}
+        attrs = {k: (int(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in self.stats.items()}
+        attrs["solver"] = repr(self.solver)
+        return xr.Dataset(
+            {
+                "mean": (("time", "state"), self.mean),
+                "std": (("time", "state"), self.std),
+                "cov": (("time", "state", "state_"), self.cov),
+            },
+            coords=coords,
+            attrs=attrs,
+        )
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (
+            f"ProbabilisticSolution({self.solver!r}, T={self.t.size}, steps={s['n_steps']}, "
+            f"rejected={s['n_rejected']}, success={s['success']})"
+        )
+
+
+def solve(
+    ode: ODE,
+    y0,
+    theta,
+    t_span,
+    *,
+    solver: _ODEFilter | None = None,
+    step: float | None = None,
+    rtol: float = 1e-6,
+    atol: float = 1e-9,
+    save_at=None,
+    diffusion="calibrated",
+    smooth: bool = True,
+    max_steps: int = 100_000,
+) -> ProbabilisticSolution:
+    """Solve an ODE initial value problem with a square-root ODE filter.
+
+    Parameters
+    ----------
+    ode : ODE
+        The differential equation.
+    y0 : array_like, shape (d,)
+        Initial state at ``t_span[0]``.
+    theta : array_like, shape (n_theta,)
+        Parameters.
+    t_span : tuple of float
+        ``(t0, t1)`` with ``t1 > t0``.
+    solver : EK0 or EK1, default ``EK1(order=3)``
+        The ODE filter and the order ``q`` of its IWP prior.
+    step : float, optional
+        Fixed step size (the grid is refined to pass exactly through every ``save_at`` time).
+        ``None`` selects adaptive steps controlled by ``rtol`` and ``atol``.
+    rtol, atol : float
+        Tolerances of the adaptive step-size control.
+    save_at : array_like, optional
+        Output times (strictly increasing, inside ``t_span``); the solver steps exactly through
+        them. Default: every solver step.
+    diffusion : {"calibrated", "local"} or float
+        ``"calibrated"`` (global scalar quasi-MLE, post-hoc rescaling), ``"local"`` (time-varying
+        scalar estimate per step) or a fixed positive value multiplying the prior's ``Q(h)``.
+    smooth : bool, default True
+        Return the smoothing posterior (conditioned on all steps) instead of the filter marginals.
+    max_steps : int
+        Maximum number of accepted steps for adaptive solves.
+
+    Returns
+    -------
+    ProbabilisticSolution
+        Never raises on a diverging solve: failures are reported in ``stats`` (``success``,
+        ``message``) and the solution covers the interval solved so far.
+
+    Raises
+    ------
+    ValueError
+        For invalid arguments (shapes, times, step, tolerances, order, diffusion).
+    """
+    if not isinstance(ode, ODE):
+        raise ValueError(f"ode must be a pymc_pnode.ODE, got {type(ode).__name__}")
+    solver = EK1(order=3) if solver is None else solver
+    if not isinstance(solver, _ODEFilter):
+        raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
+    y0 = ode.validate_y0(y0)
+    theta = ode.validate_theta(theta)
+    t0, t1 = validate_t_span(t_span)
+    mode, kappa = _diffusion_mode(diffusion)
+    adaptive = step is None
+    if not adaptive:
+        step = float(step)
+        if not (step > 0 and math.isfinite(step)):
+            raise ValueError(f"step must be positive and finite, got {step!r}")
+    else:
+        if not (rtol > 0 and atol > 0):
+            raise ValueError(f"rtol and atol must be positive, got rtol={rtol!r}, atol={atol!r}")
+    if int(max_steps) != max_steps or max_steps < 1:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    stops = np.array([t0, t1])
+    if save_at is not None:
+        save = validate_times(save_at, (t0, t1), "save_at")
+        stops = np.union1d(stops, save)
+    grid = fixed_grid(stops, step) if not adaptive else stops
+
+    q, d = solver.order, ode.n_states
+    prior = solver.prior
+    taylor, _ = ode.taylor_functions(q)
+    coeffs = np.empty((q + 1, d))
+    taylor(y0, t0, theta, coeffs)
+    mu0 = coeffs.reshape(-1).copy()
+    if not np.all(np.isfinite(mu0)):
+        ts, mus = grid[:1], mu0[None, :]
+        rs = np.zeros((1, mu0.size, mu0.size))
+        kap = np.zeros(1)
+        n_acc = n_rej = n_f = 0
+        status, stat_sum = STATUS_NONFINITE, 0.0
+    else:
+        h0 = initial_step(ode, y0, theta, t0, rtol, atol, q) if adaptive else 0.0
+        ts, mus, rs, kap, n_acc, n_rej, n_f, status, stat_sum = run_filter(
+            ode.rhs, ode.jac_y, theta, mu0, q, d, prior.Q_bar_sqrt, solver.ek1, mode, kappa,
+            adaptive, grid, min(h0, t1 - t0), float(rtol), float(atol), int(max_steps),
+        )
+    sigma2 = kappa
+    if mode == DIFFUSION_GLOBAL:
+        sigma2 = stat_sum / (n_acc * d) if n_acc > 0 else 1.0
+        if not (sigma2 > 0 and math.isfinite(sigma2)):
+            sigma2 = 1e-300 if sigma2 == 0 else sigma2
+        rs = rs * math.sqrt(sigma2)
+        kap = np.full_like(kap, sigma2)
+    elif mode == DIFFUSION_LOCAL:
+        sigma2 = float(np.mean(kap[1:])) if kap.size > 1 else 1.0
+    # Outputs: every step, or the requested times (always on the grid: the solver steps through them).
+    out_index = np.arange(ts.size) if save_at is None else np.nonzero(np.isin(ts, save))[0]
+    stats = {
+        "n_steps": int(n_acc),
+        "n_rejected": int(n_rej),
+        "n_f_evals": int(n_f),
+        "status": int(status),
+        "success": status == STATUS_SUCCESS,
+        "message": STATUS_MESSAGES[int(status)],
+        "diffusion": float(sigma2),
+        "t_final": float(ts[-1]),
+    }
+    return ProbabilisticSolution(ode, theta, solver, ts, mus, rs, kap, out_index, stats, smooth)
