@@ -18,6 +18,7 @@ __all__ = [
     "LadderAdapter",
     "geometric_betas",
     "validate_betas",
+    "validate_n_replicas",
 ]
 
 DEFAULT_N_REPLICAS = 8
@@ -48,7 +49,7 @@ def geometric_betas(n_replicas: int, beta_min: float = DEFAULT_BETA_MIN) -> np.n
     ValueError
         If ``n_replicas < 2`` or ``beta_min`` is outside ``(0, 1]``.
     """
-    n_replicas = _validate_n_replicas(n_replicas)
+    n_replicas = validate_n_replicas(n_replicas)
     beta_min = float(beta_min)
     if not (np.isfinite(beta_min) and 0.0 < beta_min <= 1.0):
         raise ValueError(f"beta_min must lie in (0, 1], got {beta_min!r}.")
@@ -83,7 +84,7 @@ def validate_betas(betas: Sequence[float] | np.ndarray) -> np.ndarray:
     arr = np.asarray(betas, dtype=np.float64)
     if arr.ndim != 1:
         raise ValueError(f"betas must be a one-dimensional sequence, got shape {arr.shape}.")
-    _validate_n_replicas(arr.size, what="len(betas)")
+    validate_n_replicas(arr.size, what="len(betas)")
     if not np.all(np.isfinite(arr)) or np.any(arr <= 0.0) or np.any(arr > 1.0):
         raise ValueError(
             "All inverse temperatures must lie in (0, 1] (temperatures must be positive "
@@ -103,7 +104,14 @@ def validate_betas(betas: Sequence[float] | np.ndarray) -> np.ndarray:
     return arr
 
 
-def _validate_n_replicas(n_replicas: int, what: str = "n_replicas") -> int:
+def validate_n_replicas(n_replicas: int, what: str = "n_replicas") -> int:
+    """Check that a replica count is an integer ``>= 2`` and return it as ``int``.
+
+    Raises
+    ------
+    ValueError
+        If it is not an integer or smaller than 2.
+    """
     if isinstance(n_replicas, bool) or int(n_replicas) != n_replicas:
         raise ValueError(f"{what} must be an integer, got {n_replicas!r}.")
     n_replicas = int(n_replicas)

@@ -1,0 +1,1 @@
+"""Classical baseline estimators: RK least squares, multiple shooting, the direct method."""

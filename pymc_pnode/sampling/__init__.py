@@ -1,0 +1,20 @@
+"""Samplers for multimodal posteriors: parallel tempering for PyMC models."""
+
+from pymc_pnode.sampling.hmc import HamiltonianMove
+from pymc_pnode.sampling.ladder import geometric_betas
+from pymc_pnode.sampling.moves import ReplicaMove
+from pymc_pnode.sampling.parallel_tempering import ParallelTempering
+from pymc_pnode.sampling.random_walk import RandomWalkMetropolis
+from pymc_pnode.sampling.sample_pt import sample_pt
+from pymc_pnode.sampling.tempered_target import ReplicaState, TemperedTarget
+
+__all__ = [
+    "HamiltonianMove",
+    "ParallelTempering",
+    "RandomWalkMetropolis",
+    "ReplicaMove",
+    "ReplicaState",
+    "TemperedTarget",
+    "geometric_betas",
+    "sample_pt",
+]

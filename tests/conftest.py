@@ -1,0 +1,78 @@
+"""Shared ODE definitions for the tests (compiled once per session; generated code is disk-cached)."""
+
+import numpy as np
+import pytensor.tensor as pt
+import pytest
+
+import pymc_pnode as pn
+
+
+def lotka_volterra(y, t, p):
+    return [p[0] * y[0] - p[1] * y[0] * y[1], p[2] * y[0] * y[1] - p[3] * y[1]]
+
+
+def fitzhugh_nagumo(y, t, p):
+    a, b, c = p[0], p[1], p[2]
+    return [c * (y[0] - y[0] ** 3 / 3 + y[1]), -(y[0] - a - b * y[1]) / c]
+
+
+def van_der_pol(y, t, p):
+    return [y[1], p[0] * ((1 - y[0] ** 2) * y[1] - y[0])]
+
+
+def lorenz63(y, t, p):
+    return [p[0] * (y[1] - y[0]), y[0] * (p[1] - y[2]) - y[1], y[0] * y[1] - p[2] * y[2]]
+
+
+def logistic(y, t, p):
+    return [p[0] * y[0] * (1 - y[0] / p[1])]
+
+
+def linear2(y, t, p):
+    # y' = L y with a rotation-plus-decay matrix; affine, so the EK1 filter is exact Gaussian inference.
+    return [p[0] * y[0] - p[1] * y[1], p[1] * y[0] + p[0] * y[1]]
+
+
+@pytest.fixture(scope="session")
+def lv_ode():
+    return pn.ODE(lotka_volterra, n_states=2, n_theta=4)
+
+
+@pytest.fixture(scope="session")
+def fhn_ode():
+    return pn.ODE(fitzhugh_nagumo, n_states=2, n_theta=3)
+
+
+@pytest.fixture(scope="session")
+def vdp_ode():
+    return pn.ODE(van_der_pol, n_states=2, n_theta=1)
+
+
+@pytest.fixture(scope="session")
+def lorenz_ode():
+    return pn.ODE(lorenz63, n_states=3, n_theta=3)
+
+
+@pytest.fixture(scope="session")
+def logistic_ode():
+    return pn.ODE(logistic, n_states=1, n_theta=2)
+
+
+@pytest.fixture(scope="session")
+def linear_ode():
+    return pn.ODE(linear2, n_states=2, n_theta=2)
+
+
+@pytest.fixture(scope="session")
+def stack_ode():
+    """A field returning a stacked vector and using a vector operation on ``p``."""
+
+    def field(y, t, p):
+        return pt.stack([p[0] * y[1], -p[0] * pt.sin(y[0]) - 0.1 * y[1]])
+
+    return pn.ODE(field, n_states=2, n_theta=1)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20261121)

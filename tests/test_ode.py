@@ -1,0 +1,109 @@
+"""ODE definition: symbolic derivatives compiled to numba, exact Taylor coefficients, validation."""
+
+import numpy as np
+import pytest
+
+import pymc_pnode as pn
+from tests.conftest import lotka_volterra
+
+
+def test_vector_field_and_jacobians_lotka_volterra(lv_ode):
+    y, p = np.array([1.3, 0.7]), np.array([0.5, 1.1, 0.9, 0.4])
+    f = lv_ode.f(y, 0.0, p)
+    assert np.allclose(f, [p[0] * y[0] - p[1] * y[0] * y[1], p[2] * y[0] * y[1] - p[3] * y[1]], rtol=1e-14)
+    jy = lv_ode.jacobian(y, 0.0, p)
+    expected = [[p[0] - p[1] * y[1], -p[1] * y[0]], [p[2] * y[1], p[2] * y[0] - p[3]]]
+    assert np.allclose(jy, expected, rtol=1e-14)
+    jp = np.empty((2, 4))
+    lv_ode.jac_p(y, 0.0, p, jp)
+    assert np.allclose(jp, [[y[0], -y[0] * y[1], 0, 0], [0, 0, y[0] * y[1], -y[1]]], rtol=1e-14)
+
+
+def test_second_derivatives_match_central_differences(fhn_ode, rng):
+    y, p = rng.normal(size=2), np.array([0.2, 0.3, 2.5])
+    hyy = np.empty((2, 2, 2))
+    hyp = np.empty((2, 2, 3))
+    fhn_ode.hess_yy(y, 0.0, p, hyy)
+    fhn_ode.hess_yp(y, 0.0, p, hyp)
+    eps = 1e-6
+    for k in range(2):
+        dy = np.zeros(2)
+        dy[k] = eps
+        fd = (fhn_ode.jacobian(y + dy, 0.0, p) - fhn_ode.jacobian(y - dy, 0.0, p)) / (2 * eps)
+        assert np.allclose(hyy[:, :, k], fd, atol=1e-7)
+    for k in range(3):
+        dp = np.zeros(3)
+        dp[k] = eps
+        fd = (fhn_ode.jacobian(y, 0.0, p + dp) - fhn_ode.jacobian(y, 0.0, p - dp)) / (2 * eps)
+        assert np.allclose(hyp[:, :, k], fd, atol=1e-7)
+
+
+def test_taylor_coefficients_lotka_volterra_by_hand(lv_ode):
+    a, b, c, d = 0.5, 1.1, 0.9, 0.4
+    y = np.array([1.3, 0.7])
+    taylor, _ = lv_ode.taylor_functions(3)
+    out = np.empty((4, 2))
+    taylor(y, 0.0, np.array([a, b, c, d]), out)
+    y1, y2 = y
+    d1 = np.array([a * y1 - b * y1 * y2, c * y1 * y2 - d * y2])
+    jac = np.array([[a - b * y2, -b * y1], [c * y2, c * y1 - d]])
+    d2 = jac @ d1
+    # y''' = J y'' + (dJ/dt) y' with dJ/dt = [[-b y2', -b y1'], [c y2', c y1']]
+    djac = np.array([[-b * d1[1], -b * d1[0]], [c * d1[1], c * d1[0]]])
+    d3 = jac @ d2 + djac @ d1
+    assert np.allclose(out, [y, d1, d2, d3], rtol=1e-13)
+
+
+def test_taylor_coefficients_logistic_closed_form(logistic_ode):
+    r, k, y0 = 3.0, 2.0, 0.3
+    taylor, taylor_jac = logistic_ode.taylor_functions(4)
+    out = np.empty((5, 1))
+    taylor(np.array([y0]), 0.0, np.array([r, k]), out)
+    # Derivatives of y(t) = K / (1 + c e^{-rt}) at t = 0 by polynomial recursion in y:
+    # y' = r y - r y^2 / K, and d/dt of a polynomial P(y) is P'(y) y'.
+    poly = np.polynomial.Polynomial([0.0, r, -r / k])
+    p = np.polynomial.Polynomial([0.0, 1.0])
+    expected = []
+    for _ in range(5):
+        expected.append(p(y0))
+        p = p.deriv() * poly
+    assert np.allclose(out[:, 0], expected, rtol=1e-12)
+    # Exact Jacobians of the coefficients against central differences of the coefficients.
+    jy, jp = np.empty((5, 1, 1)), np.empty((5, 1, 2))
+    taylor_jac(np.array([y0]), 0.0, np.array([r, k]), jy, jp)
+    eps = 1e-6
+    plus, minus = np.empty((5, 1)), np.empty((5, 1))
+    taylor(np.array([y0 + eps]), 0.0, np.array([r, k]), plus)
+    taylor(np.array([y0 - eps]), 0.0, np.array([r, k]), minus)
+    assert np.allclose(jy[:, :, 0], (plus - minus) / (2 * eps), rtol=1e-6, atol=1e-8)
+    taylor(np.array([y0]), 0.0, np.array([r + eps, k]), plus)
+    taylor(np.array([y0]), 0.0, np.array([r - eps, k]), minus)
+    assert np.allclose(jp[:, :, 0], (plus - minus) / (2 * eps), rtol=1e-6, atol=1e-8)
+
+
+def test_vector_valued_field_is_accepted(stack_ode):
+    f = stack_ode.f([0.3, 0.2], 0.0, [2.0])
+    assert np.allclose(f, [0.4, -2.0 * np.sin(0.3) - 0.02])
+
+
+def test_generated_code_is_reused_from_disk(lv_ode):
+    again = pn.ODE(lotka_volterra, n_states=2, n_theta=4)
+    assert again.rhs.py_func.__module__ == lv_ode.rhs.py_func.__module__
+
+
+def test_wrong_output_length_names_func():
+    with pytest.raises(ValueError, match="func returned 1 values but n_states=2"):
+        pn.ODE(lambda y, t, p: [y[0]], n_states=2, n_theta=0)
+
+
+@pytest.mark.parametrize("kwargs", [dict(n_states=0, n_theta=1), dict(n_states=2, n_theta=-1)])
+def test_bad_dimensions(kwargs):
+    with pytest.raises(ValueError, match="n_states|n_theta"):
+        pn.ODE(lotka_volterra, **kwargs)
+
+
+def test_validation_of_y0_and_theta(lv_ode):
+    with pytest.raises(ValueError, match="y0 must have shape"):
+        lv_ode.validate_y0([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="theta must have shape"):
+        lv_ode.validate_theta([1.0])
