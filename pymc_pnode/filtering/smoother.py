@@ -37,8 +37,12 @@ def backward_kernel(
     g: np.ndarray,
     dvec: np.ndarray,
     lam: np.ndarray,
+    r_pred: np.ndarray,
 ) -> None:
-    """Kernel ``x(t) | x(t + h) ~ N(G x + dvec, lam^T lam)`` from the distribution ``N(mu, r^T r)``."""
+    """Kernel ``x(t) | x(t + h) ~ N(G x + dvec, lam^T lam)`` from the distribution ``N(mu, r^T r)``.
+
+    ``r_pred`` receives the (invertible) root of the predicted covariance at ``t + h``.
+    """
     dd = (q + 1) * d
     a = np.empty(q + 1)
     tvec = np.empty(q + 1)
@@ -68,6 +72,7 @@ def backward_kernel(
         dvec[i] = s
         for j in range(dd):
             lam[i, j] = m[dd + i, dd + j]
+            r_pred[i, j] = m[i, j]
 
 
 @nb.njit(**_JIT)
@@ -104,10 +109,13 @@ def smooth(ts, mus, rs, kappas, q: int, d: int, rq: np.ndarray):
     lams = np.zeros((n_pts, dd, dd))
     mus_s = np.empty_like(mus)
     rs_s = np.empty_like(rs)
+    r_pred = np.empty((dd, dd))
     mus_s[n_pts - 1] = mus[n_pts - 1]
     rs_s[n_pts - 1] = rs[n_pts - 1]
     for n in range(n_pts - 1, 0, -1):
-        backward_kernel(mus[n - 1], rs[n - 1], ts[n] - ts[n - 1], kappas[n], q, d, rq, gs[n], ds[n], lams[n])
+        backward_kernel(
+            mus[n - 1], rs[n - 1], ts[n] - ts[n - 1], kappas[n], q, d, rq, gs[n], ds[n], lams[n], r_pred
+        )
         push_through_kernel(gs[n], ds[n], lams[n], mus_s[n], rs_s[n], mus_s[n - 1], rs_s[n - 1])
     return mus_s, rs_s, gs, ds, lams
 
@@ -161,5 +169,5 @@ def interpolate(t, ts, mus, rs, kappas, mus_s, rs_s, q: int, d: int, rq: np.ndar
     g = np.empty((dd, dd))
     dvec = np.empty(dd)
     lam = np.empty((dd, dd))
-    backward_kernel(mu_t, r_t, h2, kappas[n], q, d, rq, g, dvec, lam)
+    backward_kernel(mu_t, r_t, h2, kappas[n], q, d, rq, g, dvec, lam, np.empty((dd, dd)))
     push_through_kernel(g, dvec, lam, mus_s[n], rs_s[n], mu_out, r_out)

@@ -1,0 +1,331 @@
+"""Fenrir: the PN-approximated marginal likelihood as a PyTensor Op and a PyMC likelihood block."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+from pytensor.gradient import grad_not_implemented
+from pytensor.graph.basic import Apply
+from pytensor.graph.op import Op
+
+from pymc_pnode.filtering.fenrir import fenrir_terms
+from pymc_pnode.ode import ODE
+from pymc_pnode.solve import EK1, _ODEFilter, fixed_grid, solve, validate_times
+
+__all__ = ["Fenrir", "FenrirProblem", "fenrir_loglik"]
+
+
+@dataclass(frozen=True, eq=False)
+class FenrirProblem:
+    """Everything about a Fenrir likelihood that is fixed at model-build time.
+
+    Built by :func:`fenrir_loglik` and :func:`Fenrir` from validated user input.
+    """
+
+    ode: ODE
+    solver: _ODEFilter
+    times: np.ndarray
+    grid: np.ndarray
+    obs_at: np.ndarray
+    obs_matrix: np.ndarray
+    missing: np.ndarray
+    n_sigma: int
+    step: float
+
+    @classmethod
+    def build(cls, ode, times, data_shape, obs_matrix, n_sigma, solver, step) -> "FenrirProblem":
+        if not isinstance(ode, ODE):
+            raise ValueError(f"ode must be a pymc_pnode.ODE, got {type(ode).__name__}")
+        solver = EK1(order=3) if solver is None else solver
+        if not isinstance(solver, _ODEFilter):
+            raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
+        if step is None or not (float(step) > 0 and math.isfinite(float(step))):
+            raise ValueError(f"step must be positive and finite, got {step!r}")
+        times = np.atleast_1d(np.asarray(times, dtype=np.float64))
+        if times.size and times[0] < ode.t0:
+            raise ValueError(f"times must not precede the initial time t0={ode.t0}, got {times[0]}")
+        t_end = float(times[-1]) if times.size else ode.t0
+        times = validate_times(times, (ode.t0, max(t_end, ode.t0)), "times")
+        d = ode.n_states
+        cmat = np.eye(d) if obs_matrix is None else np.atleast_2d(np.asarray(obs_matrix, dtype=np.float64))
+        if cmat.ndim != 2 or cmat.shape[1] != d:
+            raise ValueError(f"obs_matrix must have shape (n_observed, {d}), got {cmat.shape}")
+        n_obs, m = data_shape
+        if n_obs != times.size:
+            raise ValueError(f"data has {n_obs} rows but times has {times.size} entries")
+        if m != cmat.shape[0]:
+            raise ValueError(f"data has {m} columns but obs_matrix has {cmat.shape[0]} rows")
+        if n_sigma not in (1, m):
+            raise ValueError(f"obs_sigma must be a scalar or have length {m}, got length {n_sigma}")
+        end = times[-1] if times[-1] > ode.t0 else ode.t0 + float(step)
+        grid = fixed_grid(np.union1d([ode.t0, end], times), float(step))
+        obs_at = np.full(grid.size, -1, dtype=np.int64)
+        obs_at[np.searchsorted(grid, times)] = np.arange(times.size)
+        return cls(ode, solver, times, grid, obs_at, np.ascontiguousarray(cmat),
+                   np.zeros(data_shape, dtype=bool), n_sigma, float(step))
+
+    def with_missing(self, missing: np.ndarray) -> "FenrirProblem":
+        return FenrirProblem(self.ode, self.solver, self.times, self.grid, self.obs_at,
+                             self.obs_matrix, missing, self.n_sigma, self.step)
+
+    @property
+    def n_directions(self) -> int:
+        return self.ode.n_states + self.ode.n_theta + self.n_sigma + 1
+
+    def evaluate(self, y0, theta, data, sigma, kappa, want_grad: bool):
+        """Per-observation terms (and Jacobian); ``-inf`` terms when the solve diverges."""
+        ode = self.ode
+        q = self.solver.order
+        data = np.array(data, dtype=np.float64, order="C", copy=True)
+        data[self.missing] = np.nan
+        sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
+        sigma_dir = np.zeros(data.shape[1], dtype=np.int64) if sigma.size == 1 else np.arange(data.shape[1])
+        sigma_full = np.ascontiguousarray(sigma[sigma_dir])
+        kappa = float(kappa)
+        y0 = np.ascontiguousarray(y0, dtype=np.float64)
+        theta = np.ascontiguousarray(theta, dtype=np.float64)
+        bad = not (kappa > 0 and np.all(sigma_full > 0) and np.all(np.isfinite(y0)) and np.all(np.isfinite(theta)))
+        if not bad:
+            taylor, taylor_jac = ode.taylor_functions(q)
+            hyy, hyp = (ode.hess_yy, ode.hess_yp) if want_grad else (ode.hess_yy, ode.hess_yp)
+            terms, jac, ok = fenrir_terms(
+                ode.rhs, ode.jac_y, ode.jac_p, hyy, hyp, taylor, taylor_jac, y0, theta, q,
+                ode.n_states, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa, self.grid,
+                self.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad,
+            )
+            bad = not ok
+        if bad:
+            terms = np.full(data.shape[0], -np.inf)
+            jac = np.zeros((data.shape[0], self.n_directions))
+        return terms, jac
+
+
+class FenrirOp(Op):
+    """Per-observation Fenrir log-likelihood terms; the gradient is exact (forward-mode tangents)."""
+
+    def __init__(self, problem: FenrirProblem, with_jacobian: bool = False):
+        self.problem = problem
+        self.with_jacobian = with_jacobian
+
+    def make_node(self, y0, theta, data, sigma, kappa):
+        inputs = [
+            pt.as_tensor_variable(y0, dtype="float64"),
+            pt.as_tensor_variable(theta, dtype="float64"),
+            pt.as_tensor_variable(data, dtype="float64"),
+            pt.as_tensor_variable(sigma, dtype="float64"),
+            pt.as_tensor_variable(kappa, dtype="float64"),
+        ]
+        outputs = [pt.vector(dtype="float64")]
+        if self.with_jacobian:
+            outputs.append(pt.matrix(dtype="float64"))
+        return Apply(self, inputs, outputs)
+
+    def perform(self, node, inputs, output_storage):
+        y0, theta, data, sigma, kappa = inputs
+        terms, jac = self.problem.evaluate(y0, theta, data, sigma, kappa, self.with_jacobian)
+        output_storage[0][0] = terms
+        if self.with_jacobian:
+            output_storage[1][0] = jac
+
+    def infer_shape(self, fgraph, node, shapes):
+        n = shapes[2][0]
+        out = [(n,)]
+        if self.with_jacobian:
+            out.append((n, self.problem.n_directions))
+        return out
+
+    def L_op(self, inputs, outputs, output_grads):
+        y0, theta, data, sigma, kappa = inputs
+        jac = FenrirOp(self.problem, with_jacobian=True)(y0, theta, data, sigma, kappa)[1]
+        vjp = output_grads[0] @ jac
+        d, k, s = self.problem.ode.n_states, self.problem.ode.n_theta, self.problem.n_sigma
+        g_sigma = vjp[d + k : d + k + s]
+        return [
+            vjp[:d],
+            vjp[d : d + k],
+            grad_not_implemented(self, 2, data, "Fenrir has no gradient with respect to the data"),
+            g_sigma.reshape(sigma.shape) if sigma.ndim else g_sigma[0],
+            vjp[d + k + s],
+        ]
+
+    def __str__(self) -> str:
+        return f"Fenrir{'Jacobian' if self.with_jacobian else ''}Op"
+
+
+def _validate_positive_constant(value, name: str):
+    """Raise at build time when a constant (non-symbolic) value is not positive."""
+    if isinstance(value, (int, float, np.ndarray, list, tuple)):
+        arr = np.asarray(value, dtype=np.float64)
+        if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+            raise ValueError(f"{name} must be positive and finite, got {value!r}")
+
+
+def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, step):
+    _validate_positive_constant(obs_sigma, "obs_sigma")
+    _validate_positive_constant(diffusion, "diffusion")
+    sigma = pt.as_tensor_variable(obs_sigma, dtype="float64")
+    if sigma.ndim > 1:
+        raise ValueError("obs_sigma must be a scalar or a vector")
+    n_sigma = 1 if sigma.ndim == 0 else sigma.type.shape[0]
+    if n_sigma is None:
+        raise ValueError("obs_sigma must have a static length (e.g. shape=m in its PyMC definition)")
+    arr = np.asarray(data, dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2:
+        raise ValueError(f"data must have shape (len(times), n_observed), got {np.shape(data)}")
+    problem = FenrirProblem.build(ode, times, arr.shape, obs_matrix, n_sigma, solver, step)
+    missing = np.isnan(arr)
+    if np.all(missing):
+        raise ValueError("data contains no observed (non-NaN) values")
+    return problem.with_missing(missing), np.where(missing, 0.0, arr), sigma
+
+
+def fenrir_loglik(
+    ode: ODE,
+    y0,
+    theta,
+    times,
+    data,
+    *,
+    obs_matrix=None,
+    obs_sigma,
+    diffusion,
+    solver: _ODEFilter | None = None,
+    step: float,
+    pointwise: bool = False,
+):
+    r"""The Fenrir PN-approximated marginal log-likelihood as a PyTensor expression.
+
+    Computes :math:`\log p(u_{1:M} \mid y_0, \theta, \kappa, \sigma)` (notes 002 §9.3): an ODE
+    filter with fixed diffusion ``κ`` (the variance multiplier of the prior's ``Q(h)``, as
+    ``diffusion_var`` in Fenrir.jl) steps through every observation time, and a backward-in-time
+    Kalman filter on its posterior conditions on the data ``u_i = H y(t_i) + N(0, diag(σ²))``.
+
+    Parameters
+    ----------
+    ode : ODE
+        The differential equation; ``y0`` is its state at ``ode.t0``.
+    y0, theta : array_like or TensorVariable
+        Initial state (d,) and parameters (n_theta,); may be PyMC random variables.
+    times : array_like, shape (T,)
+        Strictly increasing observation times, not before ``ode.t0``.
+    data : array_like, shape (T, m)
+        Observations; NaN marks a missing value (skipped).
+    obs_matrix : array_like, shape (m, d), optional
+        Observation matrix ``H`` (default: identity, all states observed).
+    obs_sigma : float, vector of length m, or TensorVariable
+        Observation noise standard deviation (scalar or per observed component).
+    diffusion : float or TensorVariable
+        The diffusion ``κ > 0``.
+    solver : EK0 or EK1, default ``EK1(order=3)``
+    step : float
+        Fixed solver step; the grid is refined to contain every observation time.
+    pointwise : bool, default False
+        Return the vector of per-observation-time terms (prediction-error decomposition) instead
+        of their sum.
+
+    Returns
+    -------
+    TensorVariable
+        Scalar log-likelihood (or the (T,) terms). ``-inf`` when the solve diverges.
+    """
+    problem, filled, sigma = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, step)
+    terms = FenrirOp(problem)(y0, theta, pt.as_tensor_variable(filled), sigma, diffusion)
+    return terms if pointwise else terms.sum()
+
+
+def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, rng, size):
+    """Data drawn from the Fenrir generative model: a PN posterior trajectory plus noise.
+
+    ``size`` is the batch shape ``(..., T)``; every leading index gets its own trajectory.
+    """
+    ode = problem.ode
+    rng = np.random.default_rng(rng)
+    n_obs, m = problem.missing.shape
+    batch = (n_obs,) if size is None else tuple(np.atleast_1d(size))
+    n = int(np.prod(batch[:-1])) if len(batch) > 1 else 1
+    sol = solve(ode, y0, theta, (ode.t0, problem.grid[-1]), solver=problem.solver, step=problem.step,
+                save_at=problem.times, diffusion=float(kappa))
+    if not sol.success:
+        return np.full(batch + (m,), np.nan)
+    traj = sol.sample(n, rng=rng)  # (n, T, d)
+    sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64).reshape(-1), (m,))
+    out = traj @ problem.obs_matrix.T + rng.standard_normal((n, n_obs, m)) * sigma
+    return out.reshape(batch + (m,))
+
+
+def Fenrir(
+    name: str,
+    ode: ODE,
+    *,
+    y0,
+    theta,
+    times,
+    observed,
+    obs_matrix=None,
+    obs_sigma,
+    diffusion,
+    solver: _ODEFilter | None = None,
+    step: float,
+    dims=None,
+):
+    """Register the Fenrir likelihood of ``observed`` in the active PyMC model.
+
+    Creates an observed variable ``name`` of shape ``(len(times), n_observed)`` whose
+    log-probability is the Fenrir marginal likelihood (see :func:`fenrir_loglik`), one term per
+    observation time, so ``pm.compute_log_likelihood`` and ``arviz.loo`` work. Prior and posterior
+    predictive draws sample a trajectory from the probabilistic numerical solution and add
+    observation noise. Missing values (NaN) are skipped by the likelihood; they are stored as 0 in
+    the observed data of the model.
+
+    Parameters
+    ----------
+    name : str
+        Name of the observed variable.
+    ode, y0, theta, times, obs_matrix, obs_sigma, diffusion, solver, step
+        As in :func:`fenrir_loglik`; ``y0``, ``theta``, ``obs_sigma`` and ``diffusion`` may be
+        random variables of the model.
+    observed : array_like, shape (T, m)
+        The data.
+    dims : tuple of str, optional
+        Dims of the observed variable, e.g. ``("time", "observable")``.
+
+    Returns
+    -------
+    TensorVariable
+        The observed variable.
+    """
+    problem, filled, sigma = _prepare(ode, times, observed, obs_matrix, obs_sigma, diffusion, solver, step)
+    y0 = pt.as_tensor_variable(y0, dtype="float64")
+    theta = pt.as_tensor_variable(theta, dtype="float64")
+    if theta.ndim == 0:
+        theta = theta[None]
+    kappa = pt.as_tensor_variable(diffusion, dtype="float64")
+    sigma_vec = sigma if sigma.ndim == 1 else sigma[None]
+    op = FenrirOp(problem)
+
+    def logp(value, y0, theta, sigma, kappa):
+        s = sigma if problem.n_sigma > 1 else sigma[0]
+        return op(y0, theta, value, s, kappa)
+
+    def random(y0, theta, sigma, kappa, rng=None, size=None):
+        return _predictive_draw(problem, y0, theta, sigma, kappa, rng, size)
+
+    return pm.CustomDist(
+        name,
+        y0,
+        theta,
+        sigma_vec,
+        kappa,
+        logp=logp,
+        random=random,
+        signature="(d),(k),(s),()->(m)",
+        observed=filled,
+        shape=filled.shape,
+        dims=dims,
+    )
