@@ -4,10 +4,20 @@ Public API: :class:`ODE`, :func:`solve` with the ODE filters :class:`EK0` and :c
 :class:`ProbabilisticSolution`.
 """
 
+from pymc_pnode.likelihoods.fenrir import Fenrir, fenrir_loglik
 from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
 from pymc_pnode.solve import EK0, EK1, ProbabilisticSolution, solve
 
 __version__ = "0.1.0"
 
-__all__ = ["EK0", "EK1", "IWP", "ODE", "ProbabilisticSolution", "solve"]
+__all__ = [
+    "EK0",
+    "EK1",
+    "IWP",
+    "ODE",
+    "Fenrir",
+    "ProbabilisticSolution",
+    "fenrir_loglik",
+    "solve",
+]

@@ -16,6 +16,10 @@ from pymc_pnode import _codegen
 __all__ = ["ODE"]
 
 
+def _wrap(dispatcher, kind: str) -> _codegen.CompiledFunction:
+    return _codegen.CompiledFunction(dispatcher, _codegen.SIGNATURES[kind])
+
+
 def _derivative(expr: Variable, wrt: Variable) -> Variable:
     """d expr / d wrt for 0-d variables; zero when ``expr`` does not depend on ``wrt``."""
     return pytensor.grad(expr, wrt, disconnected_inputs="ignore", return_disconnected="zero")
@@ -90,9 +94,9 @@ class ODE:
         self._taylor: dict[int, tuple] = {}
         self._hess = None
         base = self._module("base", self._base_source)
-        self.rhs = base.rhs
-        self.jac_y = base.jac_y
-        self.jac_p = base.jac_p
+        self.rhs = _wrap(base.rhs, "vec")
+        self.jac_y = _wrap(base.jac_y, "mat")
+        self.jac_p = _wrap(base.jac_p, "mat")
 
     # ------------------------------------------------------------------ tracing and codegen
     def _trace(self, func: Callable) -> list[Variable]:
@@ -220,7 +224,7 @@ class ODE:
     def _hessians(self):
         if self._hess is None:
             mod = self._module("hess", self._hess_source)
-            self._hess = (mod.hess_yy, mod.hess_yp)
+            self._hess = (_wrap(mod.hess_yy, "ten"), _wrap(mod.hess_yp, "ten"))
         return self._hess
 
     def taylor_functions(self, order: int):
@@ -238,7 +242,7 @@ class ODE:
             raise ValueError(f"order must be >= 0, got {order}")
         if order not in self._taylor:
             mod = self._module(f"taylor{order}", lambda: self._taylor_source(order))
-            self._taylor[order] = (mod.taylor, mod.taylor_jac)
+            self._taylor[order] = (_wrap(mod.taylor, "mat"), _wrap(mod.taylor_jac, "ten2"))
         return self._taylor[order]
 
     # ------------------------------------------------------------------ validation and helpers

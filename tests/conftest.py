@@ -76,3 +76,32 @@ def stack_ode():
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261121)
+
+
+def assert_gradient_matches_central_differences(build, point, rel=1e-6, abs_=1e-6, eps=1e-6):
+    """Compile ``build(*symbolic_inputs)`` and compare ``pytensor.grad`` with central differences.
+
+    ``point`` is a list of numpy arrays (0-d allowed). Central differences have O(eps²) error, so
+    agreement to ~1e-6 relative checks that the analytic gradient is exact.
+    """
+    import pytensor
+
+    inputs = [pt.tensor(f"x{i}", shape=np.shape(x), dtype="float64") for i, x in enumerate(point)]
+    value = build(*inputs)
+    fn = pytensor.function(inputs, [value, *pytensor.grad(value, inputs)])
+    outs = fn(*point)
+    for i, x in enumerate(point):
+        x = np.asarray(x, dtype=float)
+        grad = np.asarray(outs[1 + i]).reshape(-1)
+        fd = np.empty(x.size)
+        for j in range(x.size):
+            h = eps * max(1.0, abs(x.reshape(-1)[j]))
+            plus, minus = x.copy().reshape(-1), x.copy().reshape(-1)
+            plus[j] += h
+            minus[j] -= h
+            args_p = list(point)
+            args_m = list(point)
+            args_p[i] = plus.reshape(x.shape)
+            args_m[i] = minus.reshape(x.shape)
+            fd[j] = (fn(*args_p)[0] - fn(*args_m)[0]) / (2 * h)
+        np.testing.assert_allclose(grad, fd, rtol=rel, atol=abs_, err_msg=f"input {i}")

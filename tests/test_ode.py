@@ -88,7 +88,7 @@ def test_vector_valued_field_is_accepted(stack_ode):
 
 def test_generated_code_is_reused_from_disk(lv_ode):
     again = pn.ODE(lotka_volterra, n_states=2, n_theta=4)
-    assert again.rhs.py_func.__module__ == lv_ode.rhs.py_func.__module__
+    assert again.rhs.dispatcher.py_func.__module__ == lv_ode.rhs.dispatcher.py_func.__module__
 
 
 def test_wrong_output_length_names_func():

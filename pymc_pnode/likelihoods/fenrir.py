@@ -309,9 +309,13 @@ def Fenrir(
     sigma_vec = sigma if sigma.ndim == 1 else sigma[None]
     op = FenrirOp(problem)
 
+    d, k, n_sigma = ode.n_states, ode.n_theta, problem.n_sigma
+
     def logp(value, y0, theta, sigma, kappa):
-        s = sigma if problem.n_sigma > 1 else sigma[0]
-        return op(y0, theta, value, s, kappa)
+        # PyMC may hand the parameters over with broadcast leading unit dims: drop them.
+        y0, theta = y0.reshape((d,)), theta.reshape((k,))
+        sigma, kappa = sigma.reshape((n_sigma,)), kappa.reshape(())
+        return op(y0, theta, value, sigma if n_sigma > 1 else sigma[0], kappa)
 
     def random(y0, theta, sigma, kappa, rng=None, size=None):
         return _predictive_draw(problem, y0, theta, sigma, kappa, rng, size)
@@ -324,7 +328,7 @@ def Fenrir(
         kappa,
         logp=logp,
         random=random,
-        signature="(d),(k),(s),()->(m)",
+        signature=f"(d),(k),(s),()->({filled.shape[1]})",
         observed=filled,
         shape=filled.shape,
         dims=dims,

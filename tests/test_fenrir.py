@@ -1,0 +1,166 @@
+"""Fenrir marginal likelihood: exact gradients, dense batch equality, limits, PyMC integration."""
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from scipy.integrate import solve_ivp
+from scipy.stats import multivariate_normal, norm
+
+import pymc_pnode as pn
+from tests.conftest import assert_gradient_matches_central_differences
+from tests.test_solve import _dense_batch_posterior
+
+
+def _fhn_data(ode, times, sigma, rng, theta=(0.2, 0.2, 3.0), y0=(-1.0, 1.0)):
+    ref = solve_ivp(lambda t, y: ode.f(y, t, theta), (0.0, times[-1]), y0, rtol=1e-12, atol=1e-12,
+                    dense_output=True)
+    truth = ref.sol(times).T
+    return truth, truth[:, :1] + sigma * rng.standard_normal((times.size, 1))
+
+
+@pytest.mark.parametrize(
+    "solver, step", [(pn.EK1(order=3), 0.2), (pn.EK0(order=2), 0.05)], ids=["EK1", "EK0"]
+)
+def test_exact_gradient_fitzhugh_nagumo(fhn_ode, rng, solver, step):
+    times = np.arange(0.5, 3.01, 0.25)
+    _, data = _fhn_data(fhn_ode, times, 0.1, rng)
+
+    def loglik(y0, theta, log_sigma, log_kappa):
+        return pn.fenrir_loglik(fhn_ode, y0, theta, times, data, obs_matrix=[[1.0, 0.0]],
+                                obs_sigma=pt.exp(log_sigma), diffusion=pt.exp(log_kappa),
+                                solver=solver, step=step)
+
+    point = [np.array([-1.0, 1.0]), np.array([0.2, 0.2, 3.0]), np.array(np.log(0.1)), np.array(np.log(50.0))]
+    assert_gradient_matches_central_differences(loglik, point)
+
+
+def test_exact_gradient_lotka_volterra_two_observed_components(lv_ode, rng):
+    times = np.linspace(0.2, 2.0, 10)
+    data = np.abs(rng.normal(1.0, 0.3, size=(10, 2)))
+    data[3, 1] = np.nan  # a missing value is skipped, gradients stay exact
+
+    def loglik(y0, theta, sigma, kappa):
+        return pn.fenrir_loglik(lv_ode, y0, theta, times, data, obs_sigma=sigma, diffusion=kappa,
+                                step=0.1)
+
+    point = [np.array([1.0, 1.0]), np.array([1.5, 1.0, 3.0, 1.0]), np.array([0.2, 0.3]), np.array(0.5)]
+    assert_gradient_matches_central_differences(loglik, point)
+
+
+def test_linear_ode_equals_dense_batch_gaussian(linear_ode, rng):
+    theta, y0, kappa, sigma = np.array([-0.3, 2.0]), np.array([1.0, 0.5]), 3.7, 0.2
+    grid = np.linspace(0.0, 1.0, 9)
+    obs_idx = np.array([2, 3, 5, 8])
+    times = grid[obs_idx]
+    cmat = np.array([[1.0, -0.5]])
+    data = rng.normal(size=(times.size, 1))
+    value = pn.fenrir_loglik(linear_ode, y0, theta, times, data, obs_matrix=cmat, obs_sigma=sigma,
+                             diffusion=kappa, solver=pn.EK1(order=2), step=0.125).eval()
+    _, post_m, post_c = _dense_batch_posterior(theta, y0, grid, 2, kappa)
+    dd = 6
+    sel = np.concatenate([np.arange((i - 1) * dd, (i - 1) * dd + 2) for i in obs_idx])
+    big_c = np.kron(np.eye(times.size), cmat)
+    mean = big_c @ post_m[obs_idx - 1, :2].reshape(-1)
+    cov = big_c @ post_c[np.ix_(sel, sel)] @ big_c.T + sigma**2 * np.eye(times.size)
+    expected = multivariate_normal(mean, cov).logpdf(data.reshape(-1))
+    assert value == pytest.approx(expected, rel=1e-8)
+
+
+def test_approaches_gaussian_loglik_around_exact_solution(fhn_ode, rng):
+    times = np.arange(1.0, 5.01, 0.5)
+    truth, data = _fhn_data(fhn_ode, times, 0.1, rng)
+    exact = norm(truth[:, 0], 0.1).logpdf(data[:, 0]).sum()
+    gaps = []
+    for step, kappa in [(0.1, 1e-2), (0.02, 1e-6), (0.005, 1e-10)]:
+        value = pn.fenrir_loglik(fhn_ode, [-1.0, 1.0], [0.2, 0.2, 3.0], times, data,
+                                 obs_matrix=[[1.0, 0.0]], obs_sigma=0.1, diffusion=kappa, step=step).eval()
+        gaps.append(abs(value - exact))
+    assert gaps[-1] < 1e-6 * abs(exact)
+    assert gaps[0] > gaps[1] > gaps[2]
+
+
+def test_pointwise_terms_sum_to_total(fhn_ode, rng):
+    times = np.arange(0.5, 3.01, 0.5)
+    _, data = _fhn_data(fhn_ode, times, 0.1, rng)
+    kw = dict(obs_matrix=[[1.0, 0.0]], obs_sigma=0.1, diffusion=1.0, step=0.1)
+    terms = pn.fenrir_loglik(fhn_ode, [-1.0, 1.0], [0.2, 0.2, 3.0], times, data, pointwise=True, **kw).eval()
+    total = pn.fenrir_loglik(fhn_ode, [-1.0, 1.0], [0.2, 0.2, 3.0], times, data, **kw).eval()
+    assert terms.shape == (times.size,)
+    assert terms.sum() == pytest.approx(total, rel=1e-12)
+
+
+def test_diverging_solve_gives_minus_infinity_and_zero_gradient():
+    # y' = y^3 has a pole at t = 0.5; the explicit EK0 overflows past it.
+    blowup = pn.ODE(lambda y, t, p: [p[0] * y[0] ** 3], n_states=1, n_theta=1)
+    theta = pt.vector("theta")
+    ll = pn.fenrir_loglik(blowup, [1.0], theta, [0.4, 2.0], [[1.0], [1.0]], obs_sigma=0.1,
+                          diffusion=1.0, step=0.01, solver=pn.EK0(order=2))
+    fn = pytensor.function([theta], [ll, pytensor.grad(ll, theta)])
+    value, grad = fn([1.0])
+    assert value == -np.inf
+    assert np.all(np.isfinite(grad))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(times=[1.0, 0.5, 2.0]), "times"),
+        (dict(times=[-1.0, 0.5, 2.0]), "times"),
+        (dict(data=np.zeros((2, 1))), "rows"),
+        (dict(obs_matrix=[[1.0, 0.0], [0.0, 1.0]]), "columns"),
+        (dict(obs_matrix=[[1.0, 0.0, 0.0]]), "obs_matrix"),
+        (dict(obs_sigma=-0.1), "obs_sigma"),
+        (dict(diffusion=0.0), "diffusion"),
+        (dict(step=0.0), "step"),
+    ],
+)
+def test_bad_input(kwargs, match, fhn_ode):
+    args = dict(times=[0.5, 1.0, 2.0], data=np.zeros((3, 1)), obs_matrix=[[1.0, 0.0]], obs_sigma=0.1,
+                diffusion=1.0, step=0.1)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        pn.fenrir_loglik(fhn_ode, [-1.0, 1.0], [0.2, 0.2, 3.0], args.pop("times"), args.pop("data"), **args)
+
+
+@pytest.fixture(scope="module")
+def fhn_fit_data(fhn_ode):
+    rng = np.random.default_rng(3)
+    times = np.arange(0.5, 6.01, 0.25)
+    return times, _fhn_data(fhn_ode, times, 0.05, rng)[1]
+
+
+def _fhn_model(fhn_ode, times, data):
+    with pm.Model(coords={"time": times, "observable": ["V"]}) as model:
+        theta = pm.LogNormal("theta", np.log([0.2, 0.2, 3.0]), 0.3, shape=3)
+        sigma = pm.HalfNormal("sigma", 0.2)
+        pn.Fenrir("V", fhn_ode, y0=[-1.0, 1.0], theta=theta, times=times, observed=data,
+                  obs_matrix=[[1.0, 0.0]], obs_sigma=sigma, diffusion=1.0, step=0.1,
+                  dims=("time", "observable"))
+    return model
+
+
+def test_nuts_recovers_parameters_with_multiprocess_chains(fhn_ode, fhn_fit_data):
+    times, data = fhn_fit_data
+    model = _fhn_model(fhn_ode, times, data)
+    with model:
+        idata = pm.sample(draws=200, tune=300, chains=2, cores=2, random_seed=7, progressbar=False,
+                          compute_convergence_checks=False)
+        pm.compute_log_likelihood(idata, progressbar=False)
+    post = idata.posterior["theta"].values.reshape(-1, 3)
+    lo, hi = np.quantile(post, [0.005, 0.995], axis=0)
+    assert np.all((lo < [0.2, 0.2, 3.0]) & ([0.2, 0.2, 3.0] < hi))
+    assert int(idata.sample_stats["diverging"].sum()) == 0
+    assert idata.log_likelihood["V"].shape[-1] == times.size
+    assert np.all(np.isfinite(idata.log_likelihood["V"].values))
+
+
+def test_map_and_predictive(fhn_ode, fhn_fit_data):
+    times, data = fhn_fit_data
+    model = _fhn_model(fhn_ode, times, data)
+    with model:
+        point = pm.find_MAP(progressbar=False)
+        prior = pm.sample_prior_predictive(draws=5, random_seed=1)
+    assert np.allclose(point["theta"], [0.2, 0.2, 3.0], rtol=0.1, atol=0.03)
+    assert prior.prior_predictive["V"].shape == (1, 5, times.size, 1)
