@@ -6,6 +6,7 @@ Public API: :class:`ODE`, :func:`solve` with the ODE filters :class:`EK0` and :c
 
 from pymc_pnode.likelihoods.fenrir import Fenrir, fenrir_loglik
 from pymc_pnode.ode import ODE
+from pymc_pnode.optimize import diffusion_tempering, fit, tempering_schedule
 from pymc_pnode.priors import IWP
 from pymc_pnode.solve import EK0, EK1, ProbabilisticSolution, solve
 
@@ -18,6 +19,9 @@ __all__ = [
     "ODE",
     "Fenrir",
     "ProbabilisticSolution",
+    "diffusion_tempering",
     "fenrir_loglik",
+    "fit",
     "solve",
+    "tempering_schedule",
 ]
