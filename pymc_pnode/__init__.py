@@ -8,6 +8,7 @@ from pymc_pnode.likelihoods.fenrir import Fenrir, fenrir_loglik
 from pymc_pnode.ode import ODE
 from pymc_pnode.optimize import diffusion_tempering, fit, tempering_schedule
 from pymc_pnode.priors import IWP
+from pymc_pnode.sampling import ParallelTempering, sample_pt
 from pymc_pnode.solve import EK0, EK1, ProbabilisticSolution, solve
 
 __version__ = "0.1.0"
@@ -18,10 +19,12 @@ __all__ = [
     "IWP",
     "ODE",
     "Fenrir",
+    "ParallelTempering",
     "ProbabilisticSolution",
     "diffusion_tempering",
     "fenrir_loglik",
     "fit",
+    "sample_pt",
     "solve",
     "tempering_schedule",
 ]

@@ -5,6 +5,7 @@ from pymc_pnode.sampling.ladder import geometric_betas
 from pymc_pnode.sampling.moves import ReplicaMove
 from pymc_pnode.sampling.parallel_tempering import ParallelTempering
 from pymc_pnode.sampling.random_walk import RandomWalkMetropolis
+from pymc_pnode.sampling.replica_dims import label_replica_dims
 from pymc_pnode.sampling.sample_pt import sample_pt
 from pymc_pnode.sampling.tempered_target import ReplicaState, TemperedTarget
 
@@ -16,5 +17,6 @@ __all__ = [
     "ReplicaState",
     "TemperedTarget",
     "geometric_betas",
+    "label_replica_dims",
     "sample_pt",
 ]

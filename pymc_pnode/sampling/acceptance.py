@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = ["metropolis_accept"]
@@ -25,9 +27,11 @@ def metropolis_accept(log_ratio: float, rng: np.random.Generator) -> tuple[bool,
     accept_prob : float
         ``min(1, exp(log_ratio))``, with NaN mapped to 0.
     """
-    if np.isnan(log_ratio):
+    # Plain-float math: this runs several times per iteration and replica.
+    log_ratio = float(log_ratio)
+    if math.isnan(log_ratio):
         return False, 0.0
-    accept_prob = 1.0 if log_ratio >= 0.0 else float(np.exp(log_ratio))
-    # Comparing on the log scale avoids underflow for very negative ratios.
-    accepted = bool(log_ratio >= 0.0 or np.log(rng.uniform()) < log_ratio)
-    return accepted, accept_prob
+    if log_ratio >= 0.0:
+        return True, 1.0
+    accept_prob = math.exp(log_ratio)  # underflows to 0 only when acceptance is hopeless
+    return rng.random() < accept_prob, accept_prob

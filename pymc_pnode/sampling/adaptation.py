@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = ["DoublingWindows", "DualAveraging", "WelfordCovariance"]
@@ -54,31 +56,31 @@ class DualAveraging:
 
     def restart(self, step: float) -> None:
         """Restart the averaging around a new step size (e.g. after a metric change)."""
-        self.log_step = float(np.log(step))
+        self.log_step = math.log(step)
         self.log_step_bar = self.log_step
         # Shrinking towards a *larger* step makes early iterations explore boldly.
-        self.mu = float(np.log(10.0 * step))
+        self.mu = math.log(10.0 * step)
         self.h_bar = 0.0
         self.count = 0
 
     @property
     def step(self) -> float:
         """Step size to use while tuning."""
-        return float(np.exp(self.log_step))
+        return math.exp(self.log_step)
 
     @property
     def final_step(self) -> float:
         """Averaged step size to use after tuning."""
-        return float(np.exp(self.log_step_bar))
+        return math.exp(self.log_step_bar)
 
     def update(self, accept_prob: float) -> None:
         """Feed one acceptance probability (NaN counts as 0)."""
-        if not np.isfinite(accept_prob):
+        if not math.isfinite(accept_prob):
             accept_prob = 0.0
         self.count += 1
         weight = 1.0 / (self.count + self.t0)
         self.h_bar = (1.0 - weight) * self.h_bar + weight * (self.target - accept_prob)
-        self.log_step = self.mu - np.sqrt(self.count) / self.gamma * self.h_bar
+        self.log_step = self.mu - math.sqrt(self.count) / self.gamma * self.h_bar
         eta = self.count ** (-self.kappa)
         self.log_step_bar = eta * self.log_step + (1.0 - eta) * self.log_step_bar
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from pymc_pnode.sampling.acceptance import metropolis_accept
@@ -114,7 +116,7 @@ class HamiltonianMove(ReplicaMove):
             x = x + eps * inv_mass * p
             current = target.evaluate(x)
             logp = target.logp(current)
-            if not np.isfinite(logp):
+            if not math.isfinite(logp):
                 diverged = True
                 break
             grad = target.grad(current)

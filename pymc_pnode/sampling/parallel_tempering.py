@@ -224,6 +224,16 @@ class ParallelTempering(ArrayStepShared):
         if not ladder_adapt_rate > 0.0:
             raise ValueError(f"ladder_adapt_rate must be positive, got {ladder_adapt_rate!r}.")
 
+        if tempering == "likelihood" and ladder is None and not (
+            model.observed_RVs or model.potentials
+        ):
+            warnings.warn(
+                "The model has no observed variables or potentials, so tempering the "
+                "likelihood changes nothing; use tempering='posterior' to temper the prior.",
+                UserWarning,
+                stacklevel=2,
+            )
+
         strictly_decreasing = bool(np.all(np.diff(betas_arr) < 0.0))
         if adapt_betas is None:
             adapt_betas = betas is None and strictly_decreasing
@@ -421,6 +431,13 @@ class ParallelTempering(ArrayStepShared):
                 ]
         if not np.array_equal(x0, self.replicas[0].x):
             self.replicas[0] = self._terms.evaluate(x0, self._replica_shared[0])
+        for k in range(1, self.n_replicas):
+            if not self.replicas[k].finite:
+                # A hot state left without support (the conditioning variables moved):
+                # restart it from the cold position, which has support.
+                restart = self._terms.evaluate(x0, self._replica_shared[k])
+                if restart.finite:
+                    self.replicas[k] = restart
 
     def astep(self, q0: RaveledVars) -> tuple[RaveledVars, StatsType]:
         """One iteration: within-replica moves, then a round of swaps."""

@@ -12,6 +12,7 @@ import pymc as pm
 from pymc.model import Model, modelcontext
 
 from pymc_pnode.sampling.parallel_tempering import ParallelTempering
+from pymc_pnode.sampling.replica_dims import label_replica_dims
 
 __all__ = ["sample_pt"]
 
@@ -60,17 +61,19 @@ def sample_pt(
     -------
     arviz.InferenceData
         Posterior draws of the cold replica with the parallel tempering
-        statistics in ``sample_stats``.
+        statistics in ``sample_stats`` (per-replica statistics on dimension
+        ``replica``, per-pair statistics on ``replica_pair``; see
+        :func:`label_replica_dims`).
     """
     model = modelcontext(model)
     step_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _STEP_KWARGS}
     if "compile_kwargs" in kwargs:
         step_kwargs["compile_kwargs"] = kwargs["compile_kwargs"]
-    if kwargs.get("return_inferencedata") is False:
+    if kwargs.pop("return_inferencedata", True) is False:
         raise ValueError("sample_pt always returns InferenceData; drop return_inferencedata.")
     with model:
         step = ParallelTempering(n_replicas=n_replicas, model=model, **step_kwargs)
-        return pm.sample(
+        idata = pm.sample(
             draws=draws,
             tune=tune,
             step=step,
@@ -80,3 +83,4 @@ def sample_pt(
             return_inferencedata=True,
             **kwargs,
         )
+    return label_replica_dims(idata)

@@ -67,7 +67,8 @@ class SharedLadder:
             raise ValueError(f"All shared_ladder entries must have the same length; got {lengths}.")
         if self.n_replicas < 2:
             raise ValueError(
-                f"Each shared_ladder entry needs at least 2 values (one per replica); got {lengths}."
+                "Each shared_ladder entry needs at least 2 values (one per replica); "
+                f"got {lengths}."
             )
         for var, vals in zip(self.variables, self.values):
             if not np.array_equal(vals[0], var.get_value(borrow=True)):

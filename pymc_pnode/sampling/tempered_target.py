@@ -15,6 +15,8 @@ input so that each replica can pass its own value.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,7 +72,7 @@ class ReplicaState:
     @property
     def finite(self) -> bool:
         """Whether both terms are finite (the state has positive density)."""
-        return bool(np.isfinite(self.var_logp) and np.isfinite(self.data_logp))
+        return math.isfinite(self.var_logp) and math.isfinite(self.data_logp)
 
 
 class LogDensityTerms:
@@ -117,7 +119,9 @@ class LogDensityTerms:
         outputs = [var_term, data_term]
         if self.compute_grads:
             for term in (var_term, data_term):
-                grads = pytensor.grad(rewrite_pregrad(term), list(vars), disconnected_inputs="ignore")
+                grads = pytensor.grad(
+                    rewrite_pregrad(term), list(vars), disconnected_inputs="ignore"
+                )
                 outputs.append(pt.concatenate([pt.as_tensor_variable(g).ravel() for g in grads]))
 
         outputs, flat_input = join_nonshared_inputs(
@@ -174,11 +178,11 @@ class LogDensityTerms:
         var_logp = float(out[0])
         data_logp = float(out[1])
         var_grad = data_grad = None
-        valid = np.isfinite(var_logp) and np.isfinite(data_logp)
+        valid = math.isfinite(var_logp) and math.isfinite(data_logp)
         if self.compute_grads:
             var_grad = np.array(out[2], dtype=np.float64)
             data_grad = np.array(out[3], dtype=np.float64)
-            valid = valid and np.all(np.isfinite(var_grad)) and np.all(np.isfinite(data_grad))
+            valid = valid and bool(np.isfinite(var_grad).all() and np.isfinite(data_grad).all())
         if not valid:
             return ReplicaState(x, -np.inf, -np.inf, var_grad, data_grad)
         return ReplicaState(x, var_logp, data_logp, var_grad, data_grad)

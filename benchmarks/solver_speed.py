@@ -1,0 +1,142 @@
+"""Solver speed: µs per step of the EK0/EK1 filters, the cost of f and its Jacobian inside kernels,
+scipy's RK45 at the same number of steps, and first-call latency with and without the disk cache.
+
+Run: ``python benchmarks/solver_speed.py`` (add ``--peer`` to include probdiffeq when the ``bench``
+extra is installed). Prints a Markdown table for ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import numba as nb
+import numpy as np
+from scipy.integrate import solve_ivp
+
+import pymc_pnode as pn
+from pymc_pnode._codegen import MAT_FN, VEC_FN
+
+PROBLEMS = {
+    "lotka_volterra": (
+        "[p[0] * y[0] - p[1] * y[0] * y[1], p[2] * y[0] * y[1] - p[3] * y[1]]",
+        [1.0, 1.0], [1.5, 1.0, 3.0, 1.0], 10.0,
+    ),
+    "fitzhugh_nagumo": (
+        "[p[2] * (y[0] - y[0] ** 3 / 3 + y[1]), -(y[0] - p[0] - p[1] * y[1]) / p[2]]",
+        [-1.0, 1.0], [0.2, 0.2, 3.0], 20.0,
+    ),
+}
+
+
+def make_ode(expr: str, n_theta: int) -> pn.ODE:
+    namespace: dict = {}
+    exec(f"def field(y, t, p):\n    return {expr}\n", namespace)
+    return pn.ODE(namespace["field"], n_states=2, n_theta=n_theta)
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+@nb.njit((VEC_FN, MAT_FN, nb.float64[::1], nb.float64[::1], nb.int64), cache=True)
+def _call_loop(rhs, jac, y, p, n):
+    out = np.empty(y.shape[0])
+    jout = np.empty((y.shape[0], y.shape[0]))
+    acc = 0.0
+    for i in range(n):
+        y[0] += 1e-12
+        rhs(y, 0.0, p, out)
+        jac(y, 0.0, p, jout)
+        acc += out[0] + jout[0, 0]
+    return acc
+
+
+def field_cost_ns(ode: pn.ODE, y0, theta, n: int = 200_000) -> float:
+    y, p = np.array(y0, float), np.array(theta, float)
+    seconds = median_time(lambda: _call_loop(ode.rhs, ode.jac_y, y, p, n), 5)
+    return seconds / n * 1e9
+
+
+def first_call_latency() -> tuple[float, float]:
+    """Seconds for import + ODE construction + first solve, in a fresh and in a cached process."""
+    script = textwrap.dedent(
+        """
+        import time
+        t0 = time.perf_counter()
+        import pymc_pnode as pn
+        def fhn(y, t, p):
+            return [p[2] * (y[0] - y[0] ** 3 / 3 + y[1]), -(y[0] - p[0] - p[1] * y[1]) / p[2]]
+        ode = pn.ODE(fhn, n_states=2, n_theta=3)
+        pn.solve(ode, [-1.0, 1.0], [0.2, 0.2, 3.0], (0.0, 20.0), step=0.01)
+        print(time.perf_counter() - t0)
+        """
+    )
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYMC_PNODE_CACHE_DIR=cache)
+        runs = [
+            float(subprocess.run([sys.executable, "-c", script], env=env, check=True,
+                                 capture_output=True, text=True).stdout.strip().splitlines()[-1])
+            for _ in range(2)
+        ]
+    return runs[0], runs[1]
+
+
+def probdiffeq_us_per_step(name: str, n_steps: int, order: int) -> float | None:
+    try:
+        import jax
+        import jax.numpy as jnp
+        from probdiffeq import ivpsolve, ivpsolvers, taylor  # noqa: F401
+    except ImportError:
+        return None
+    return None  # wire-up depends on the probdiffeq release; see docs/benchmarks.md
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--peer", action="store_true")
+    args = parser.parse_args()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+          f"python {platform.python_version()}, numpy {np.__version__}, numba {nb.__version__}")
+    rows = []
+    for name, (expr, y0, theta, t1) in PROBLEMS.items():
+        ode = make_ode(expr, len(theta))
+        h = t1 / args.steps
+        for solver in (pn.EK0(order=3), pn.EK1(order=3), pn.EK0(order=5), pn.EK1(order=5)):
+            sec = median_time(lambda: pn.solve(ode, y0, theta, (0.0, t1), solver=solver, step=h,
+                                               smooth=False), args.repeats)
+            rows.append((name, repr(solver), sec / args.steps * 1e6))
+        rk = median_time(
+            lambda: solve_ivp(lambda t, y: ode.f(y, t, theta), (0.0, t1), y0, method="RK45",
+                              first_step=h, max_step=h, rtol=1e3, atol=1e3),
+            max(3, args.repeats // 5),
+        )
+        rows.append((name, "scipy RK45 (same steps)", rk / args.steps * 1e6))
+        if args.peer:
+            peer = probdiffeq_us_per_step(name, args.steps, 3)
+            rows.append((name, "probdiffeq", peer if peer is not None else float("nan")))
+        rows.append((name, "f + df/dy call inside a kernel [ns]", field_cost_ns(ode, y0, theta)))
+    print("\n| problem | solver | µs per step |\n| --- | --- | --- |")
+    for name, solver, us in rows:
+        print(f"| {name} | {solver} | {us:.2f} |")
+    fresh, cached = first_call_latency()
+    print(f"\nfirst call (import + ODE + first solve): fresh process {fresh:.1f} s, "
+          f"second process with disk cache {cached:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
