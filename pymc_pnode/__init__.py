@@ -10,6 +10,7 @@ from pymc_pnode.optimize import diffusion_tempering, fit, tempering_schedule
 from pymc_pnode.priors import IWP
 from pymc_pnode.sampling import ParallelTempering, sample_pt
 from pymc_pnode.solve import EK0, EK1, ProbabilisticSolution, solve
+from pymc_pnode.trajectories import posterior_trajectories
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,7 @@ __all__ = [
     "diffusion_tempering",
     "fenrir_loglik",
     "fit",
+    "posterior_trajectories",
     "sample_pt",
     "solve",
     "tempering_schedule",

@@ -164,3 +164,62 @@ def test_map_and_predictive(fhn_ode, fhn_fit_data):
         prior = pm.sample_prior_predictive(draws=5, random_seed=1)
     assert np.allclose(point["theta"], [0.2, 0.2, 3.0], rtol=0.1, atol=0.03)
     assert prior.prior_predictive["V"].shape == (1, 5, times.size, 1)
+
+
+def test_posterior_trajectories_bands(fhn_ode):
+    import arviz as az
+
+    draws = np.array([[0.2, 0.2, 3.0], [0.25, 0.2, 2.9], [0.18, 0.21, 3.1]])
+    idata = az.from_dict(posterior={"theta": draws[None]})
+    ds = pn.posterior_trajectories(idata, fhn_ode, y0=[-1.0, 1.0], theta="theta", t_span=(0.0, 2.0),
+                                   diffusion=1.0, step=0.05, n_points=21, progressbar=False)
+    assert ds["mean"].shape == (3, 21, 2)
+    assert bool(ds["success"].all())
+    ref = pn.solve(fhn_ode, [-1.0, 1.0], draws[1], (0.0, 2.0), step=0.05, diffusion=1.0,
+                   save_at=np.linspace(0, 2, 21))
+    assert np.allclose(ds["mean"].values[1], ref.mean)
+    assert np.allclose(ds["std"].values[1], ref.std)
+    with pytest.raises(ValueError, match="posterior"):
+        pn.posterior_trajectories(idata, fhn_ode, y0="nope", theta="theta", t_span=(0.0, 1.0))
+
+
+def test_hierarchical_fitzhugh_nagumo_cells_with_nuts(fhn_ode):
+    # Five cells share population-level parameters; each cell has its own recovery parameter b.
+    rng = np.random.default_rng(11)
+    times = np.arange(0.5, 4.01, 0.5)
+    n_cells = 5
+    b_true = 0.2 + 0.05 * rng.standard_normal(n_cells)
+    data = []
+    for b in b_true:
+        truth, obs = _fhn_data(fhn_ode, times, 0.05, rng, theta=(0.2, b, 3.0))
+        data.append(obs)
+    with pm.Model(coords={"cell": np.arange(n_cells), "time": times, "observable": ["V"]}) as model:
+        mu_b = pm.Normal("mu_b", 0.2, 0.1)
+        tau_b = pm.HalfNormal("tau_b", 0.1)
+        b = pm.Normal("b", mu_b, tau_b, dims="cell")
+        c = pm.LogNormal("c", np.log(3.0), 0.1)
+        for i in range(n_cells):
+            theta = pt.stack([pt.constant(0.2), b[i], c])
+            pn.Fenrir(f"V_{i}", fhn_ode, y0=[-1.0, 1.0], theta=theta, times=times, observed=data[i],
+                      obs_matrix=[[1.0, 0.0]], obs_sigma=0.05, diffusion=1.0, step=0.1,
+                      dims=("time", "observable"))
+        idata = pm.sample(draws=150, tune=200, chains=1, random_seed=5, progressbar=False,
+                          compute_convergence_checks=False)
+    c_post = idata.posterior["c"].values.ravel()
+    assert np.quantile(c_post, 0.005) < 3.0 < np.quantile(c_post, 0.995)
+    b_post = idata.posterior["b"].values.reshape(-1, n_cells)
+    assert np.all(np.abs(b_post.mean(axis=0) - b_true) < 4 * b_post.std(axis=0) + 0.02)
+
+
+def test_numba_mode_matches_default_backend(fhn_ode):
+    times = np.arange(0.5, 3.01, 0.25)
+    data = np.sin(times)[:, None]
+    data[2, 0] = np.nan
+    theta, kappa = pt.vector("theta"), pt.scalar("kappa")
+    ll = pn.fenrir_loglik(fhn_ode, [-1.0, 1.0], theta, times, data, obs_matrix=[[1.0, 0.0]],
+                          obs_sigma=0.1, diffusion=kappa, step=0.1)
+    outs = [ll, *pytensor.grad(ll, [theta, kappa])]
+    numba_fn = pytensor.function([theta, kappa], outs, mode="NUMBA")
+    default_fn = pytensor.function([theta, kappa], outs)
+    for a, b in zip(numba_fn([0.2, 0.2, 3.0], 2.0), default_fn([0.2, 0.2, 3.0], 2.0)):
+        assert np.allclose(a, b, rtol=1e-12)

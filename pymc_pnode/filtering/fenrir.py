@@ -20,7 +20,14 @@ import numba as nb
 import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, TEN2_FN, TEN_FN, VEC_FN
-from pymc_pnode.filtering.linalg import all_finite, solve_lower_from_upper_t, tria_inplace
+from pymc_pnode.filtering.linalg import (
+    all_finite,
+    matmul,
+    matmul_nt,
+    sandwich,
+    solve_lower_from_upper_t,
+    tria_inplace,
+)
 from pymc_pnode.filtering.odefilter import (
     apply_transition,
     fill_process_noise,
@@ -127,7 +134,21 @@ def fenrir_terms(
     w = np.empty(d)
     hmat = np.zeros((d, dd))
     dh = np.zeros((d, dd))
-    dj = np.zeros((d, d))
+    sig_p = np.empty((dd, dd))
+    sig_post = np.empty((dd, dd))
+    u = np.empty((dd, d))
+    gain = np.empty((dd, d))
+    proj = np.empty((dd, dd))
+    work = np.empty((dd, dd))
+    dsp = np.empty((dd, dd))
+    du = np.empty((dd, d))
+    ds = np.empty((d, d))
+    work_dd = np.empty((dd, d))
+    work_dd2 = np.empty((dd, d))
+    work_d = np.empty((d, d))
+    dgain = np.empty((dd, d))
+    work_dh = np.empty((d, dd))
+    cross = np.empty((dd, dd))
 
     # ---------------------------------------------------------------- forward ODE filter
     for n in range(1, n_pts):
@@ -163,15 +184,18 @@ def fenrir_terms(
             hmat[c, d + c] = 1.0
             for e in range(d):
                 hmat[c, e] = -jlin[c, e]
-        sig_p = r_pred.T @ r_pred
-        sig_post = rs[n].T @ rs[n]
-        u = sig_p @ hmat.T
+        matmul(r_pred.T.copy(), r_pred, sig_p)
+        matmul(rs[n].T.copy(), rs[n], sig_post)
+        matmul_nt(sig_p, hmat, u)
         s_inv = np.linalg.inv(hmat @ u)
-        gain = u @ s_inv
-        proj = np.eye(dd) - gain @ hmat
+        matmul(u, s_inv, gain)
+        matmul(gain, hmat, proj)
+        for r in range(dd):
+            for c in range(dd):
+                proj[r, c] = (1.0 if r == c else 0.0) - proj[r, c]
         for j in range(n_dir):
             dmu_p = amat @ dmus[n - 1, j]
-            dsp = amat @ dsig[n - 1, j] @ amat.T
+            sandwich(amat, dsig[n - 1, j], work, dsp)
             if j == kdir:
                 dsp += qmat
             dxi = dmu_p[:d]
@@ -187,17 +211,27 @@ def fenrir_terms(
                             v += hyy[r, c, e] * dxi[e]
                         if d <= j < d + k:
                             v += hyp[r, c, j - d]
-                        dj[r, c] = v
                         dh[r, c] = -v
-            du = dsp @ hmat.T + sig_p @ dh.T
-            ds = dh @ u + hmat @ du
-            dgain = (du - gain @ ds) @ s_inv
+            # du = dΣ⁻ H^T + Σ⁻ dH^T; ds = dH U + H du; dK = (du - K ds) S^{-1}
+            matmul_nt(dsp, hmat, du)
+            matmul_nt(sig_p, dh, work_dd)
+            du += work_dd
+            matmul(dh, u, ds)
+            matmul(hmat, du, work_d)
+            ds += work_d
+            matmul(gain, ds, work_dd)
+            work_dd2[:, :] = du - work_dd
+            matmul(work_dd2, s_inv, dgain)
             dz = dmu_p[d : 2 * d] - df
             dmus[n, j] = dmu_p - dgain @ zhat - gain @ dz
             # Joseph-type form dΣ = B dΣ⁻ B^T - Σ dH^T K^T - K dH Σ (B = I - KH): keeps the tangent in
             # the subspace of the singular posterior; the plain difference form is unstable.
-            cross = gain @ dh @ sig_post
-            dsig[n, j] = proj @ dsp @ proj.T - cross - cross.T
+            matmul(dh, sig_post, work_dh)
+            matmul(gain, work_dh, cross)
+            sandwich(proj, dsp, work, dsig[n, j])
+            for r in range(dd):
+                for c in range(dd):
+                    dsig[n, j, r, c] -= cross[r, c] + cross[c, r]
 
     # ---------------------------------------------------------------- backward Kalman filter on data
     mean = mus[n_pts - 1].copy()
@@ -208,6 +242,13 @@ def fenrir_terms(
     dvec = np.empty(dd)
     lam = np.empty((dd, dd))
     r_predn = np.empty((dd, dd))
+    bproj = np.empty((dd, dd))
+    gqg = np.empty((dd, dd))
+    gp = np.empty((dd, dd))
+    gq = np.empty((dd, dd))
+    work2 = np.empty((dd, dd))
+    dlam = np.empty((dd, dd))
+    dg = np.empty((dd, dd))
     idx = np.empty(m, dtype=np.int64)
     for n in range(n_pts - 1, -1, -1):
         i = obs_at[n]
@@ -292,21 +333,32 @@ def fenrir_terms(
             rinv = np.linalg.inv(r_predn)
             p_inv = rinv @ rinv.T
             pcov = root.T @ root
-            proj = np.eye(dd) - g @ amat
-            gqg = g @ qmat @ g.T
+            matmul(g, amat, bproj)
+            for r in range(dd):
+                for c in range(dd):
+                    bproj[r, c] = (1.0 if r == c else 0.0) - bproj[r, c]
+            sandwich(g, qmat, work, gqg)
+            matmul(g, pcov, gp)
+            matmul(g, qmat, gq)
             for j in range(n_dir):
                 # Joseph form of the backward kernel, Λ = (I - GA) Σ (I - GA)^T + κ G Q G^T:
                 # its derivative needs no dG, and dG = [(I - GA) dΣ A^T - dκ G Q] P^{-1}.
-                dg = proj @ dsig[n - 1, j] @ amat.T
-                dlam = proj @ dsig[n - 1, j] @ proj.T
+                matmul(bproj, dsig[n - 1, j], work)
+                matmul_nt(work, amat, work2)
+                matmul_nt(work, bproj, dlam)
                 if j == kdir:
-                    dg -= g @ qmat
+                    work2 -= gq
                     dlam += gqg
-                dg = dg @ p_inv
+                matmul(work2, p_inv, dg)
                 dmu_p = amat @ dmus[n - 1, j]
                 ddv = dmus[n - 1, j] - dg @ mu_prev_p - g @ dmu_p
                 new_dmean = dg @ mean + g @ dmean[j] + ddv
-                dcov[j] = dg @ pcov @ g.T + g @ dcov[j] @ g.T + g @ pcov @ dg.T + dlam
+                # dP' = dG P G^T + G P dG^T + G dP G^T + dΛ
+                matmul_nt(dg, gp, work)
+                sandwich(g, dcov[j], work2, dcov[j])
+                for r in range(dd):
+                    for c in range(dd):
+                        dcov[j, r, c] += work[r, c] + work[c, r] + dlam[r, c]
                 dmean[j] = new_dmean
         mean[:] = new_mean
         root[:, :] = stack[:dd]

@@ -98,3 +98,38 @@ def all_finite(a: np.ndarray) -> bool:
         if not math.isfinite(x):
             return False
     return True
+
+
+@nb.njit(**_JIT)
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out = a @ b`` without allocation (small dense matrices)."""
+    n, k = a.shape
+    m = b.shape[1]
+    for i in range(n):
+        for j in range(m):
+            out[i, j] = 0.0
+        for p in range(k):
+            aip = a[i, p]
+            if aip != 0.0:
+                for j in range(m):
+                    out[i, j] += aip * b[p, j]
+
+
+@nb.njit(**_JIT)
+def matmul_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out = a @ b.T`` without allocation."""
+    n, k = a.shape
+    m = b.shape[0]
+    for i in range(n):
+        for j in range(m):
+            s = 0.0
+            for p in range(k):
+                s += a[i, p] * b[j, p]
+            out[i, j] = s
+
+
+@nb.njit(**_JIT)
+def sandwich(b: np.ndarray, x: np.ndarray, work: np.ndarray, out: np.ndarray) -> None:
+    """``out = b @ x @ b.T`` (``work`` receives ``b @ x``)."""
+    matmul(b, x, work)
+    matmul_nt(work, b, out)

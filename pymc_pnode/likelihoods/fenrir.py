@@ -11,6 +11,8 @@ import pytensor.tensor as pt
 from pytensor.gradient import grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
+from pytensor.link.numba.dispatch import numba_funcify
+from pytensor.link.numba.dispatch.basic import numba_njit
 
 from pymc_pnode.filtering.fenrir import fenrir_terms
 from pymc_pnode.ode import ODE
@@ -76,6 +78,12 @@ class FenrirProblem:
     def n_directions(self) -> int:
         return self.ode.n_states + self.ode.n_theta + self.n_sigma + 1
 
+    def kernel_arguments(self):
+        """The constant leading arguments of :func:`fenrir_terms` for this problem."""
+        ode = self.ode
+        taylor, taylor_jac = ode.taylor_functions(self.solver.order)
+        return (ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, taylor, taylor_jac)
+
     def evaluate(self, y0, theta, data, sigma, kappa, want_grad: bool):
         """Per-observation terms (and Jacobian); ``-inf`` terms when the solve diverges."""
         ode = self.ode
@@ -90,12 +98,10 @@ class FenrirProblem:
         theta = np.ascontiguousarray(theta, dtype=np.float64)
         bad = not (kappa > 0 and np.all(sigma_full > 0) and np.all(np.isfinite(y0)) and np.all(np.isfinite(theta)))
         if not bad:
-            taylor, taylor_jac = ode.taylor_functions(q)
-            hyy, hyp = (ode.hess_yy, ode.hess_yp) if want_grad else (ode.hess_yy, ode.hess_yp)
             terms, jac, ok = fenrir_terms(
-                ode.rhs, ode.jac_y, ode.jac_p, hyy, hyp, taylor, taylor_jac, y0, theta, q,
-                ode.n_states, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa, self.grid,
-                self.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad,
+                *self.kernel_arguments(), y0, theta, q, ode.n_states, self.solver.prior.Q_bar_sqrt,
+                self.solver.ek1, kappa, self.grid, self.obs_at, data, self.obs_matrix, sigma_full,
+                sigma_dir, self.n_sigma, want_grad,
             )
             bad = not ok
         if bad:
@@ -154,6 +160,57 @@ class FenrirOp(Op):
 
     def __str__(self) -> str:
         return f"Fenrir{'Jacobian' if self.with_jacobian else ''}Op"
+
+
+@numba_funcify.register(FenrirOp)
+def _numba_funcify_fenrir(op, node, **kwargs):
+    """Numba implementation of the Op, so ``mode="NUMBA"`` and nutpie compile it in."""
+    problem = op.problem
+    rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac = problem.kernel_arguments()
+    q, d = problem.solver.order, problem.ode.n_states
+    rq, ek1 = problem.solver.prior.Q_bar_sqrt, problem.solver.ek1
+    grid, obs_at, cmat = problem.grid, problem.obs_at, problem.obs_matrix
+    missing = problem.missing
+    n_obs, m = missing.shape
+    n_sigma = problem.n_sigma
+    n_dir = problem.n_directions
+    sigma_dir = np.zeros(m, dtype=np.int64) if n_sigma == 1 else np.arange(m, dtype=np.int64)
+    with_jacobian = op.with_jacobian
+
+    @numba_njit
+    def evaluate(y0, theta, data, sigma, kappa):
+        values = np.ascontiguousarray(data).copy()
+        for i in range(n_obs):
+            for c in range(m):
+                if missing[i, c]:
+                    values[i, c] = np.nan
+        sig = np.ascontiguousarray(sigma).reshape(-1)
+        sigma_full = np.empty(m)
+        for c in range(m):
+            sigma_full[c] = sig[sigma_dir[c]]
+        kap = np.asarray(kappa).item()
+        y0c = np.ascontiguousarray(y0).astype(np.float64)
+        thc = np.ascontiguousarray(theta).astype(np.float64)
+        ok = kap > 0.0 and np.all(sigma_full > 0.0) and np.all(np.isfinite(y0c)) and np.all(np.isfinite(thc))
+        terms = np.full(n_obs, -np.inf)
+        jac = np.zeros((n_obs, n_dir))
+        if ok:
+            # Captured arrays are read-only constants in numba; the kernel takes writable ones.
+            t, j, ok = fenrir_terms(rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac, y0c, thc,
+                                    q, d, rq.copy(), ek1, kap, grid.copy(), obs_at.copy(), values,
+                                    cmat.copy(), sigma_full, sigma_dir.copy(), n_sigma, with_jacobian)
+            if ok:
+                terms, jac = t, j
+        return terms, jac
+
+    if with_jacobian:
+        return evaluate
+
+    @numba_njit
+    def evaluate_terms(y0, theta, data, sigma, kappa):
+        return evaluate(y0, theta, data, sigma, kappa)[0]
+
+    return evaluate_terms
 
 
 def _validate_positive_constant(value, name: str):

@@ -1,0 +1,101 @@
+"""Probabilistic numerical trajectories for posterior draws (mean and bands of the state)."""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+from tqdm.auto import tqdm
+
+from pymc_pnode.ode import ODE
+from pymc_pnode.solve import EK1, _ODEFilter, solve
+
+__all__ = ["posterior_trajectories"]
+
+
+def _draws(posterior: xr.Dataset, value, name: str, shape: tuple[int, ...], n: int) -> np.ndarray:
+    """``value`` per draw: a posterior variable (by name) or a constant broadcast to all draws."""
+    if isinstance(value, str):
+        if value not in posterior:
+            raise ValueError(f"{name}={value!r} is not a variable of the posterior")
+        arr = posterior[value].stack(sample=("chain", "draw")).transpose("sample", ...).values
+        return arr.reshape((arr.shape[0],) + shape)
+    arr = np.asarray(value, dtype=np.float64)
+    return np.broadcast_to(arr.reshape(shape), (n,) + shape)
+
+
+def posterior_trajectories(
+    idata,
+    ode: ODE,
+    *,
+    y0,
+    theta,
+    t_span: tuple[float, float],
+    diffusion="calibrated",
+    solver: _ODEFilter | None = None,
+    step: float | None = None,
+    times=None,
+    n_points: int = 200,
+    max_draws: int | None = 100,
+    rng=None,
+    progressbar: bool = True,
+) -> xr.Dataset:
+    """PN mean and standard deviation of the state on a fine grid, one solve per posterior draw.
+
+    Parameters
+    ----------
+    idata : arviz.InferenceData
+        Result of ``pm.sample`` (uses its ``posterior`` group).
+    ode : ODE
+    y0, theta : str or array_like
+        Names of posterior variables, or constants used for every draw.
+    t_span : tuple of float
+        Interval to solve on.
+    diffusion : str, float or None
+        A posterior variable name, a fixed value, or ``"calibrated"``.
+    solver : EK0 or EK1, default ``EK1(order=3)``
+    step : float, optional
+        Fixed step (default: adaptive).
+    times : array_like, optional
+        Output times (default: ``n_points`` equidistant points in ``t_span``).
+    max_draws : int, optional
+        Use at most this many randomly chosen draws.
+    rng : seed or Generator, optional
+    progressbar : bool
+
+    Returns
+    -------
+    xarray.Dataset
+        ``mean`` and ``std`` with dims ``("sample", "time", "state")`` plus ``success`` per draw.
+    """
+    post = idata.posterior
+    n_total = post.sizes["chain"] * post.sizes["draw"]
+    rng = np.random.default_rng(rng)
+    pick = np.arange(n_total)
+    if max_draws is not None and n_total > max_draws:
+        pick = np.sort(rng.choice(n_total, size=max_draws, replace=False))
+    y0s = _draws(post, y0, "y0", (ode.n_states,), n_total)[pick]
+    thetas = _draws(post, theta, "theta", (ode.n_theta,), n_total)[pick]
+    if isinstance(diffusion, str) and diffusion in post:
+        kappas = _draws(post, diffusion, "diffusion", (), n_total)[pick]
+    else:
+        kappas = [diffusion] * pick.size
+    times = np.linspace(*t_span, n_points) if times is None else np.asarray(times, dtype=float)
+    solver = EK1(order=3) if solver is None else solver
+    mean = np.full((pick.size, times.size, ode.n_states), np.nan)
+    std = np.full_like(mean, np.nan)
+    ok = np.zeros(pick.size, dtype=bool)
+    for i in tqdm(range(pick.size), desc="PN trajectories", disable=not progressbar):
+        sol = solve(ode, y0s[i], thetas[i], t_span, solver=solver, step=step, save_at=times,
+                    diffusion=kappas[i] if not isinstance(kappas[i], np.ndarray) else float(kappas[i]))
+        ok[i] = sol.success
+        if sol.success:
+            mean[i], std[i] = sol.mean, sol.std
+    coords = {"sample": pick, "time": times, "state": np.arange(ode.n_states)}
+    return xr.Dataset(
+        {
+            "mean": (("sample", "time", "state"), mean),
+            "std": (("sample", "time", "state"), std),
+            "success": (("sample",), ok),
+        },
+        coords=coords,
+    )
