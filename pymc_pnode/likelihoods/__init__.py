@@ -1,0 +1,1 @@
+"""PyMC likelihood blocks built on ODE solvers (Fenrir, Chkrebtii, discretisation-error models)."""
