@@ -1,32 +1,44 @@
 """pymc_pnode: probabilistic numerical ODE solvers as PyMC model terms.
 
-Public API: :class:`ODE`, :func:`solve` with the ODE filters :class:`EK0` and :class:`EK1`, and
-:class:`ProbabilisticSolution`.
+Core: :class:`ODE`, :func:`solve` with the ODE filters :class:`EK0` and :class:`EK1`, and
+:class:`ProbabilisticSolution`. Likelihoods: :func:`Fenrir` / :func:`fenrir_loglik`; optimisation:
+:func:`fit`, :func:`diffusion_tempering`; sampling: :class:`ParallelTempering`.
+
+Feature modules are imported on first attribute access: each compiles its numba kernels (or loads
+them from the disk cache) only when it is used, which keeps ``import pymc_pnode`` fast.
 """
 
-from pymc_pnode.likelihoods.fenrir import Fenrir, fenrir_loglik
+from __future__ import annotations
+
+import importlib
+
 from pymc_pnode.ode import ODE
-from pymc_pnode.optimize import diffusion_tempering, fit, tempering_schedule
 from pymc_pnode.priors import IWP
-from pymc_pnode.sampling import ParallelTempering, sample_pt
 from pymc_pnode.solve import EK0, EK1, ProbabilisticSolution, solve
-from pymc_pnode.trajectories import posterior_trajectories
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "EK0",
-    "EK1",
-    "IWP",
-    "ODE",
-    "Fenrir",
-    "ParallelTempering",
-    "ProbabilisticSolution",
-    "diffusion_tempering",
-    "fenrir_loglik",
-    "fit",
-    "posterior_trajectories",
-    "sample_pt",
-    "solve",
-    "tempering_schedule",
-]
+_LAZY = {
+    "Fenrir": "pymc_pnode.likelihoods.fenrir",
+    "fenrir_loglik": "pymc_pnode.likelihoods.fenrir",
+    "fit": "pymc_pnode.optimize",
+    "diffusion_tempering": "pymc_pnode.optimize",
+    "tempering_schedule": "pymc_pnode.optimize",
+    "posterior_trajectories": "pymc_pnode.trajectories",
+    "ParallelTempering": "pymc_pnode.sampling",
+    "sample_pt": "pymc_pnode.sampling",
+}
+
+__all__ = ["EK0", "EK1", "IWP", "ODE", "ProbabilisticSolution", "solve", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pymc_pnode' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
