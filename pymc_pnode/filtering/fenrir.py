@@ -151,6 +151,8 @@ def fenrir_terms(
     cross = np.empty((dd, dd))
 
     # ---------------------------------------------------------------- forward ODE filter
+    last_h = -1.0
+    amat, qmat = _transition_matrices(1.0, q, d, rq)
     for n in range(1, n_pts):
         h = grid[n] - grid[n - 1]
         t = grid[n]
@@ -174,7 +176,11 @@ def fenrir_terms(
             return terms, jac, False
         if not want_grad:
             continue
-        amat, qmat = _transition_matrices(h, q, d, rq)
+        if h != last_h:  # fixed grids repeat the same step: reuse A(h), Q(h)
+            if h != last_h:
+                amat, qmat = _transition_matrices(h, q, d, rq)
+                last_h = h
+            last_h = h
         jac_p(xi, t, theta, jp)
         if ek1:
             hess_yy(xi, t, theta, hyy)
