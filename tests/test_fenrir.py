@@ -127,7 +127,7 @@ def test_bad_input(kwargs, match, fhn_ode):
 @pytest.fixture(scope="module")
 def fhn_fit_data(fhn_ode):
     rng = np.random.default_rng(3)
-    times = np.arange(0.5, 6.01, 0.25)
+    times = np.arange(0.5, 4.01, 0.25)
     return times, _fhn_data(fhn_ode, times, 0.05, rng)[1]
 
 
@@ -145,7 +145,7 @@ def test_nuts_recovers_parameters_with_multiprocess_chains(fhn_ode, fhn_fit_data
     times, data = fhn_fit_data
     model = _fhn_model(fhn_ode, times, data)
     with model:
-        idata = pm.sample(draws=200, tune=300, chains=2, cores=2, random_seed=7, progressbar=False,
+        idata = pm.sample(draws=150, tune=250, chains=2, cores=2, random_seed=7, progressbar=False,
                           compute_convergence_checks=False)
         pm.compute_log_likelihood(idata, progressbar=False)
     post = idata.posterior["theta"].values.reshape(-1, 3)
