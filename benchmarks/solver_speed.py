@@ -1,8 +1,9 @@
 """Solver speed: µs per step of the EK0/EK1 filters, the cost of f and its Jacobian inside kernels,
 scipy's RK45 at the same number of steps, and first-call latency with and without the disk cache.
 
-Run: ``python benchmarks/solver_speed.py`` (add ``--peer`` to include probdiffeq when the ``bench``
-extra is installed). Prints a Markdown table for ``docs/benchmarks.md``.
+Run: ``python benchmarks/solver_speed.py``. When the ``bench`` extra (JAX, probdiffeq) is
+importable, probdiffeq's jitted dense fixed-grid solver runs side by side (``--no-peer`` skips it);
+otherwise its rows are skipped with a message. Prints a Markdown table for ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -94,24 +95,76 @@ def first_call_latency() -> tuple[float, float]:
     return runs[0], runs[1]
 
 
-def probdiffeq_us_per_step(name: str, n_steps: int, order: int) -> float | None:
+def load_probdiffeq():
+    """Import JAX (float64) and probdiffeq, or return None when the ``bench`` peers are missing."""
     try:
         import jax
+
+        jax.config.update("jax_enable_x64", True)
         import jax.numpy as jnp
-        from probdiffeq import ivpsolve, ivpsolvers, taylor  # noqa: F401
-    except ImportError:
+        from probdiffeq import ivpsolve
+        from probdiffeq import probdiffeq as pdq
+    except ImportError as err:
+        print(f"probdiffeq peer skipped: {err} (install the `bench` extra to include it)")
         return None
-    return None  # wire-up depends on the probdiffeq release; see docs/benchmarks.md
+    return jax, jnp, ivpsolve, pdq
+
+
+def probdiffeq_us_per_step(peer, expr: str, y0, theta, t1: float, n_steps: int, solver: str,
+                           order: int, repeats: int) -> tuple[float, bool]:
+    """µs per step of probdiffeq's jitted fixed-grid solve, the counterpart of ``pn.solve``.
+
+    Dense state-space model, IWP(``order``) prior, Taylor-mode initialisation, global MLE
+    calibration, filter only (like ``pn.solve(..., smooth=False)``); ``solver`` is ``"EK0"``
+    (``constraint_ode_ts0``) or ``"EK1"`` (``constraint_ode_ts1`` with a materialised Jacobian).
+    Returns the time and whether the solution was finite (probdiffeq's dense ts0 filter with exact,
+    noise-free initialisation occasionally returns NaN at higher orders; the time is still reported).
+    """
+    jax, jnp, ivpsolve, pdq = peer
+    namespace: dict = {}
+    exec(f"def field(y, p):\n    return {expr}\n", namespace)
+    field = namespace["field"]
+
+    def run(u0, p):
+        vf = pdq.ode(lambda y, *, t: jnp.stack(field(y, p)), jacobian=pdq.jacobian_materialize())
+        tcoeffs, _ = pdq.jetexpand_ode_unroll(num=order)(vf, [u0], t=0.0)
+        ssm = pdq.state_space_model_dense()
+        constraint = ssm.constraint_ode_ts1(vf) if solver == "EK1" else ssm.constraint_ode_ts0(vf)
+        pn_solver = pdq.solver_mle(constraint=constraint, strategy=pdq.strategy_filter())
+        grid = jnp.linspace(0.0, t1, n_steps + 1)
+        sol = ivpsolve.solve_fixed_grid(solver=pn_solver)(ssm.prior_wiener_integrated(tcoeffs),
+                                                         grid=grid)
+        return sol.u.mean[0], sol.u.std[0]
+
+    fn = jax.jit(run)
+    u0, p = jnp.asarray(y0, dtype=float), jnp.asarray(theta, dtype=float)
+    mean, std = jax.block_until_ready(fn(u0, p))
+    finite = bool(jnp.all(jnp.isfinite(mean)) and jnp.all(jnp.isfinite(std)))
+    seconds = median_time(lambda: jax.block_until_ready(fn(u0, p)), repeats)
+    return seconds / n_steps * 1e6, finite
+
+
+def describe_machine() -> str:
+    """One line: date, CPU, cores, load average, versions."""
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"{time.strftime('%Y-%m-%d %H:%M %Z')}; {platform.processor() or platform.machine()}, "
+            f"{os.cpu_count()} cores, load average (1/5/15 min) {load}; python "
+            f"{platform.python_version()}, pymc_pnode {pn.__version__}, numpy {np.__version__}, "
+            f"numba {nb.__version__}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--peer", action="store_true")
+    parser.add_argument("--no-peer", action="store_true", help="skip probdiffeq even if installed")
     args = parser.parse_args()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"python {platform.python_version()}, numpy {np.__version__}, numba {nb.__version__}")
+    print(describe_machine())
+    peer = None if args.no_peer else load_probdiffeq()
+    if peer is not None:
+        import probdiffeq
+
+        print(f"peer: jax {peer[0].__version__}, probdiffeq {probdiffeq.__version__} (CPU, float64)")
     rows = []
     for name, (expr, y0, theta, t1) in PROBLEMS.items():
         ode = make_ode(expr, len(theta))
@@ -119,23 +172,29 @@ def main() -> None:
         for solver in (pn.EK0(order=3), pn.EK1(order=3), pn.EK0(order=5), pn.EK1(order=5)):
             sec = median_time(lambda: pn.solve(ode, y0, theta, (0.0, t1), solver=solver, step=h,
                                                smooth=False), args.repeats)
-            rows.append((name, repr(solver), sec / args.steps * 1e6))
+            rows.append((name, f"pymc_pnode {solver!r}", sec / args.steps * 1e6))
+            if peer is not None:
+                kind = type(solver).__name__
+                us, finite = probdiffeq_us_per_step(peer, expr, y0, theta, t1, args.steps, kind,
+                                                    solver.order, args.repeats)
+                linearisation = "ts1" if kind == "EK1" else "ts0"
+                label = f"probdiffeq {kind}(order={solver.order}) (dense, {linearisation})"
+                rows.append((name, label + ("" if finite else " — returned NaN"), us))
         rk = median_time(
             lambda: solve_ivp(lambda t, y: ode.f(y, t, theta), (0.0, t1), y0, method="RK45",
                               first_step=h, max_step=h, rtol=1e3, atol=1e3),
             max(3, args.repeats // 5),
         )
         rows.append((name, "scipy RK45 (same steps)", rk / args.steps * 1e6))
-        if args.peer:
-            peer = probdiffeq_us_per_step(name, args.steps, 3)
-            rows.append((name, "probdiffeq", peer if peer is not None else float("nan")))
         rows.append((name, "f + df/dy call inside a kernel [ns]", field_cost_ns(ode, y0, theta)))
-    print("\n| problem | solver | µs per step |\n| --- | --- | --- |")
+    print(f"\n{args.steps} fixed steps per solve, median of {args.repeats} solves\n")
+    print("| problem | solver | µs per step |\n| --- | --- | --- |")
     for name, solver, us in rows:
         print(f"| {name} | {solver} | {us:.2f} |")
     fresh, cached = first_call_latency()
     print(f"\nfirst call (import + ODE + first solve): fresh process {fresh:.1f} s, "
           f"second process with disk cache {cached:.1f} s")
+    print(f"load average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,17 @@ _LAZY = {
     "posterior_trajectories": "pymc_pnode.trajectories",
     "ParallelTempering": "pymc_pnode.sampling",
     "sample_pt": "pymc_pnode.sampling",
+    "rk_solve": "pymc_pnode.classical",
+    "irls_fit": "pymc_pnode.classical",
+    "profile_intervals": "pymc_pnode.classical",
+    "DiscretizationErrorNormal": "pymc_pnode.likelihoods.discretization",
+    "chkrebtii_sample": "pymc_pnode.chkrebtii",
+    "ChkrebtiiSolution": "pymc_pnode.chkrebtii",
+    "ChkrebtiiMetropolis": "pymc_pnode.chkrebtii",
+    "DelayODE": "pymc_pnode.chkrebtii",
 }
+
+_SUBPACKAGES = {"baselines", "classical", "chkrebtii", "sampling", "likelihoods"}
 
 __all__ = ["EK0", "EK1", "IWP", "ODE", "ProbabilisticSolution", "solve", *_LAZY]
 
@@ -37,6 +47,8 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"pymc_pnode.{name}")
     raise AttributeError(f"module 'pymc_pnode' has no attribute {name!r}")
 
 

@@ -110,6 +110,17 @@ def test_recovers_lotka_volterra(lv, lv_data):
     assert res.method == "direct_method[AB3]"
 
 
+def test_lam_zero_jumps_to_a_discrete_trajectory_and_stops(lv, lv_data):
+    # notes 003 §3.3/E3: without the proximal term the state step reaches E = 0 and the method
+    # stops almost at once, with states far from the data.
+    times, clean, data = lv_data
+    short = slice(0, 41)
+    res = direct_method(lv, data[short], times[short], theta0=[2.0, 2.0, 5.0, 2.0], lam=0.0,
+                        max_iter=50)
+    assert res.converged and res.n_iterations <= 5
+    assert res.objective < 1e-6
+
+
 def test_iteration_limit_is_reported(lv, lv_data):
     times, _, data = lv_data
     res = direct_method(lv, data, times, theta0=[2.0, 2.0, 5.0, 2.0], max_iter=3, order=1,
@@ -122,7 +133,7 @@ def test_bad_input(lv, lv_data):
     times, _, data = lv_data
     ok = dict(theta0=[2.0, 2.0, 5.0, 2.0])
     with pytest.raises(ValueError, match="lam"):
-        direct_method(lv, data, times, lam=0.0, **ok)
+        direct_method(lv, data, times, lam=-1.0, **ok)
     with pytest.raises(ValueError, match="order"):
         direct_method(lv, data, times, order=6, **ok)
     with pytest.raises(ValueError, match="NaN"):

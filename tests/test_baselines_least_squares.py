@@ -120,3 +120,21 @@ def test_bad_input(lv, lv_data):
         rk_least_squares(lv, data[:, :1], times, obs_matrix=[[1, 0]], **ok)
     with pytest.raises(ValueError, match="rtol"):
         rk_least_squares(lv, data, times, rtol=0.0, **ok)
+
+
+def riccati(y, t, p):
+    # y' = p y^2 has a pole at t = 1 / (p y0): large trial values of p make the solve fail.
+    return [p[0] * y[0] * y[0]]
+
+
+def test_failed_trial_points_are_rejected_and_the_fit_recovers():
+    ode = pn.ODE(riccati, n_states=1, n_theta=1)
+    times = np.linspace(0.5, 10.0, 20)
+    clean = integrate(ode, [1.0], [0.08], times).y
+    res = rk_least_squares(ode, clean, times, theta0=[0.01], y0=[1.0])
+    assert res.extra["n_failed_solves"] >= 1  # L-BFGS-B's first step runs into the pole
+    assert res.converged, res.message
+    assert res.theta[0] == pytest.approx(0.08, rel=1e-5)
+    # An exhausted evaluation budget is a reported failure too.
+    starved = rk_least_squares(ode, clean, times, theta0=[0.01], y0=[1.0], max_nfev=20)
+    assert not starved.converged and "max_nfev" in starved.message

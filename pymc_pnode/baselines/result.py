@@ -12,11 +12,8 @@ import numpy as np
 __all__ = ["EstimationResult", "results_table"]
 
 
-def _as_vector(x, name: str) -> np.ndarray | None:
-    if x is None:
-        return None
-    arr = np.array(x, dtype=np.float64).reshape(-1)
-    return arr
+def _as_vector(x) -> np.ndarray | None:
+    return None if x is None else np.array(x, dtype=np.float64).reshape(-1)
 
 
 @dataclass
@@ -76,8 +73,8 @@ class EstimationResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.theta = _as_vector(self.theta, "theta")
-        self.y0 = _as_vector(self.y0, "y0")
+        self.theta = _as_vector(self.theta)
+        self.y0 = _as_vector(self.y0)
         self.objective = float(self.objective)
         self.n_iterations = int(self.n_iterations)
         self.wall_time = float(self.wall_time)
@@ -185,9 +182,11 @@ def results_table(
         labels, items = list(results.keys()), list(results.values())
     else:
         items = list(results)
-        labels = [r.method for r in items]
+        labels = None
     for r in items:
         if not isinstance(r, EstimationResult):
             raise ValueError(f"results must contain EstimationResult objects, got {type(r).__name__}")
+    if labels is None:
+        labels = [r.method for r in items]
     rows = [r.to_dict(theta_names=theta_names, theta_true=theta_true) for r in items]
     return pd.DataFrame(rows, index=labels)

@@ -18,8 +18,9 @@ the integration tolerance (the error control covers the sensitivities too). The 
 backwards along the dense forward solution, giving :math:`\partial h/\partial y_0 = \mu(t_0)` and
 :math:`\partial h/\partial\theta = g(t_0)` for a terminal function :math:`h(y(t_1))`.
 
-The right-hand sides are numba kernels that take the ODE's compiled functions as first-class
-arguments (compiled once for every ODE and cached on disk); scipy's ``solve_ivp`` does the stepping.
+The right-hand sides are small Python callables around the ODE's compiled numba functions (called
+directly: about a microsecond each, where passing them as first-class arguments into a numba kernel
+costs ~50 µs of dispatch per call from Python); scipy's ``solve_ivp`` does the stepping.
 Implicit methods (``Radau``, ``BDF``, ``LSODA``) receive the exact Jacobian of the augmented system.
 Failures (poles, stiffness, non-finite values) are returned in the solution, never raised.
 """
@@ -30,12 +31,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numba as nb
 import numpy as np
 from scipy import sparse
 from scipy.integrate import solve_ivp
-
-from pymc_pnode._codegen import MAT_FN, VEC_FN
 
 __all__ = [
     "EXPLICIT_METHODS",
@@ -49,10 +47,17 @@ __all__ = [
 EXPLICIT_METHODS = ("RK45", "RK23", "DOP853")
 IMPLICIT_METHODS = ("Radau", "BDF", "LSODA")
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True)
-
 # Dense Jacobians of the augmented system up to this size; sparse (CSC) beyond.
 _DENSE_JAC_MAX = 300
+
+# Default budget of right-hand-side evaluations per solve. An optimiser's trial point can make the
+# problem stiff or nearly singular; an explicit solver would then crawl for minutes. Exceeding the
+# budget ends the solve as a failure (reported, not raised).
+DEFAULT_MAX_NFEV = 100_000
+
+
+class _BudgetExceeded(Exception):
+    pass
 
 
 def validate_method(method: str) -> str:
@@ -62,66 +67,6 @@ def validate_method(method: str) -> str:
             f"method must be one of {EXPLICIT_METHODS + IMPLICIT_METHODS}, got {method!r}"
         )
     return method
-
-
-# ----------------------------------------------------------------------------- numba kernels
-_AUG_SIG = (
-    VEC_FN, MAT_FN, MAT_FN, nb.float64, nb.float64[::1], nb.float64[::1], nb.int64, nb.int64,
-    nb.int64, nb.float64[::1],
-)
-
-
-@nb.njit(_AUG_SIG, **_JIT)
-def augmented_rhs(rhs, jac_y, jac_p, t, z, p, d, n_y0, n_p, out):  # pragma: no cover - numba
-    """``out = [f, J S + [0 | J_p]]`` for ``z = [y, vec(S)]``, ``S`` of shape ``(d, n_y0 + n_p)``."""
-    y = z[:d]
-    f = np.empty(d)
-    rhs(y, t, p, f)
-    for i in range(d):
-        out[i] = f[i]
-    c = n_y0 + n_p
-    if c == 0:
-        return
-    jac = np.empty((d, d))
-    jac_y(y, t, p, jac)
-    for i in range(d):
-        for col in range(c):
-            acc = 0.0
-            for j in range(d):
-                acc += jac[i, j] * z[d + j * c + col]
-            out[d + i * c + col] = acc
-    if n_p > 0:
-        jp = np.empty((d, p.shape[0]))
-        jac_p(y, t, p, jp)
-        for i in range(d):
-            for m in range(n_p):
-                out[d + i * c + n_y0 + m] += jp[i, m]
-
-
-_ADJ_SIG = (
-    MAT_FN, MAT_FN, nb.float64[::1], nb.float64, nb.float64[::1], nb.float64[::1], nb.int64,
-    nb.int64, nb.float64[::1],
-)
-
-
-@nb.njit(_ADJ_SIG, **_JIT)
-def adjoint_rhs(jac_y, jac_p, x, t, p, z, d, n_p, out):  # pragma: no cover - numba
-    """``out = [-J^T mu, -J_p^T mu]`` for ``z = [mu, g]`` at the forward state ``x``."""
-    jac = np.empty((d, d))
-    jac_y(x, t, p, jac)
-    for j in range(d):
-        acc = 0.0
-        for i in range(d):
-            acc += jac[i, j] * z[i]
-        out[j] = -acc
-    if n_p > 0:
-        jp = np.empty((d, n_p))
-        jac_p(x, t, p, jp)
-        for m in range(n_p):
-            acc = 0.0
-            for i in range(d):
-                acc += jp[i, m] * z[i]
-            out[d + m] = -acc
 
 
 # ----------------------------------------------------------------------------- results
@@ -160,10 +105,11 @@ class ODESolution:
 
 
 class _AugmentedSystem:
-    """Python callables for ``solve_ivp`` around the numba kernels (with preallocated buffers)."""
+    """Python callables for ``solve_ivp`` around the ODE's numba functions (preallocated buffers)."""
 
-    def __init__(self, ode, theta: np.ndarray, wrt_y0: bool, wrt_theta: bool):
+    def __init__(self, ode, theta: np.ndarray, wrt_y0: bool, wrt_theta: bool, max_nfev: int):
         self.ode = ode
+        self.max_nfev = max_nfev
         self.p = theta
         self.d = ode.n_states
         self.k = ode.n_theta
@@ -173,7 +119,9 @@ class _AugmentedSystem:
         self.n = self.d * (1 + self.c)
         self.last_t = np.nan
         self.nfev = 0
+        self._f = np.empty(self.d)
         self._jy = np.empty((self.d, self.d))
+        self._jp = np.empty((self.d, self.k))
 
     def z0(self, y0: np.ndarray) -> np.ndarray:
         z = np.zeros(self.n)
@@ -186,11 +134,22 @@ class _AugmentedSystem:
     def fun(self, t: float, z: np.ndarray) -> np.ndarray:
         self.last_t = t
         self.nfev += 1
+        if self.nfev > self.max_nfev:
+            raise _BudgetExceeded
+        d, c = self.d, self.c
+        t = float(t)
         out = np.empty(self.n)
-        augmented_rhs(
-            self.ode.rhs, self.ode.jac_y, self.ode.jac_p, float(t), np.ascontiguousarray(z),
-            self.p, self.d, self.n_y0, self.n_p, out,
-        )
+        y = np.ascontiguousarray(z[:d])
+        f = self._f
+        self.ode.rhs(y, t, self.p, f)
+        out[:d] = f
+        if c:
+            self.ode.jac_y(y, t, self.p, self._jy)
+            ds = out[d:].reshape(d, c)
+            np.matmul(self._jy, z[d:].reshape(d, c), out=ds)
+            if self.n_p:
+                self.ode.jac_p(y, t, self.p, self._jp)
+                ds[:, self.n_y0 :] += self._jp
         return out
 
     def jac(self, t: float, z: np.ndarray):
@@ -254,6 +213,7 @@ def integrate(
     max_step: float = np.inf,
     first_step: float | None = None,
     dense_output: bool = False,
+    max_nfev: int = DEFAULT_MAX_NFEV,
 ) -> ODESolution:
     r"""Solve the ODE with scipy, optionally with forward sensitivities.
 
@@ -280,6 +240,8 @@ def integrate(
         Passed to ``solve_ivp``.
     dense_output : bool
         Attach a continuous interpolant of the state as ``solution.dense``.
+    max_nfev : int
+        Budget of right-hand-side evaluations; exceeding it ends the solve as a failure.
 
     Returns
     -------
@@ -295,7 +257,9 @@ def integrate(
         raise ValueError("times must be a non-empty, finite, strictly increasing array with times >= t0")
     if not (rtol > 0 and atol > 0):
         raise ValueError(f"rtol and atol must be positive, got rtol={rtol}, atol={atol}")
-    system = _AugmentedSystem(ode, theta, wrt_y0, wrt_theta)
+    if int(max_nfev) != max_nfev or max_nfev < 1:
+        raise ValueError(f"max_nfev must be a positive integer, got {max_nfev!r}")
+    system = _AugmentedSystem(ode, theta, wrt_y0, wrt_theta, int(max_nfev))
     if method in IMPLICIT_METHODS and system.c > 0:
         ode.hess_yy  # compile the Hessians before timing-sensitive use  # noqa: B018
     d, c = system.d, system.c
@@ -309,13 +273,20 @@ def integrate(
             system.fun, system.jac, (t0, float(times[-1])), system.z0(y0), method, rtol, atol,
             times, dense_output, max_step, first_step,
         )
+    except _BudgetExceeded:
+        return _pack(
+            system, times[:0], np.empty((0, system.n)), False,
+            f"more than max_nfev={system.max_nfev} right-hand-side evaluations (stiff or nearly "
+            f"singular problem?); integration stopped near t = {system.last_t:.6g}", None,
+        )
     except (ValueError, ArithmeticError, np.linalg.LinAlgError) as err:
         return _pack(
             system, times[:0], np.empty((0, system.n)), False,
             f"ODE solver raised {type(err).__name__}: {err} (near t = {system.last_t:.6g})", None,
         )
-    z = sol.y.T
-    reached = sol.t.size
+    # (scipy returns an empty list instead of an array when no output time was reached)
+    z = np.asarray(sol.y, dtype=np.float64).reshape(system.n, -1).T
+    reached = np.size(sol.t)
     success = sol.status == 0 and reached == n_out
     message = str(sol.message)
     if success and not np.all(np.isfinite(z)):
@@ -341,24 +312,34 @@ def _pack(system, t, z, success, message, dense) -> ODESolution:
 
 
 class _AdjointSystem:
-    def __init__(self, ode, theta: np.ndarray, forward: Callable[[float], np.ndarray]):
+    def __init__(self, ode, theta: np.ndarray, forward: Callable[[float], np.ndarray], max_nfev: int):
         self.ode = ode
+        self.max_nfev = max_nfev
         self.p = theta
         self.forward = forward
         self.d = ode.n_states
         self.k = ode.n_theta
         self.nfev = 0
         self.last_t = np.nan
+        self._jy = np.empty((self.d, self.d))
+        self._jp = np.empty((self.d, self.k))
 
     def fun(self, t: float, z: np.ndarray) -> np.ndarray:
         self.last_t = t
         self.nfev += 1
+        if self.nfev > self.max_nfev:
+            raise _BudgetExceeded
         x = np.ascontiguousarray(self.forward(t), dtype=np.float64)
-        out = np.empty(self.d + self.k)
-        adjoint_rhs(
-            self.ode.jac_y, self.ode.jac_p, x, float(t), self.p, np.ascontiguousarray(z),
-            self.d, self.k, out,
-        )
+        d = self.d
+        out = np.empty(d + self.k)
+        self.ode.jac_y(x, float(t), self.p, self._jy)
+        mu = z[:d]
+        np.matmul(mu, self._jy, out=out[:d])  # mu^T J = (J^T mu)^T
+        out[:d] *= -1.0
+        if self.k:
+            self.ode.jac_p(x, float(t), self.p, self._jp)
+            np.matmul(mu, self._jp, out=out[d:])
+            out[d:] *= -1.0
         return out
 
     def jac(self, t: float, z: np.ndarray) -> np.ndarray:
@@ -384,6 +365,7 @@ def adjoint_gradient(
     method: str = "RK45",
     rtol: float = 1e-8,
     atol: float = 1e-10,
+    max_nfev: int = DEFAULT_MAX_NFEV,
 ) -> tuple[np.ndarray, np.ndarray, bool, str, int]:
     r"""Gradient of a terminal function :math:`h(y(t_1))` by one backward adjoint solve.
 
@@ -399,7 +381,7 @@ def adjoint_gradient(
         ``(t0, t1)`` with ``t0 < t1``.
     terminal_grad : array_like, shape (d,)
         :math:`\nabla_y h` at :math:`y(t_1)`.
-    method, rtol, atol
+    method, rtol, atol, max_nfev
         Integration settings of the backward solve.
 
     Returns
@@ -420,14 +402,16 @@ def adjoint_gradient(
     g = np.asarray(terminal_grad, dtype=np.float64).reshape(-1)
     if g.shape != (ode.n_states,):
         raise ValueError(f"terminal_grad must have shape ({ode.n_states},), got {g.shape}")
-    system = _AdjointSystem(ode, theta, forward)
+    system = _AdjointSystem(ode, theta, forward, int(max_nfev))
     z1 = np.concatenate([g, np.zeros(ode.n_theta)])
     try:
         sol = _solve_ivp(system.fun, system.jac, (t1, t0), z1, method, rtol, atol, None, False,
                          np.inf, None)
-    except (ValueError, ArithmeticError, np.linalg.LinAlgError) as err:
+    except (_BudgetExceeded, ValueError, ArithmeticError, np.linalg.LinAlgError) as err:
         nan = np.full(ode.n_states, np.nan), np.full(ode.n_theta, np.nan)
-        return (*nan, False, f"adjoint solver raised {type(err).__name__}: {err}", system.nfev)
+        what = (f"more than max_nfev={max_nfev} evaluations" if isinstance(err, _BudgetExceeded)
+                else f"{type(err).__name__}: {err}")
+        return (*nan, False, f"adjoint solver failed: {what}", system.nfev)
     zf = sol.y[:, -1]
     success = sol.status == 0 and bool(np.all(np.isfinite(zf)))
     message = str(sol.message) if sol.status != 0 else ("success" if success else "non-finite adjoint")

@@ -1,5 +1,6 @@
 """Samplers for multimodal posteriors: parallel tempering for PyMC models."""
 
+from pymc_pnode.sampling.diffusion_ladder import diffusion_ladder, geometric_diffusions
 from pymc_pnode.sampling.hmc import HamiltonianMove
 from pymc_pnode.sampling.ladder import geometric_betas
 from pymc_pnode.sampling.moves import ReplicaMove
@@ -16,7 +17,9 @@ __all__ = [
     "ReplicaMove",
     "ReplicaState",
     "TemperedTarget",
+    "diffusion_ladder",
     "geometric_betas",
+    "geometric_diffusions",
     "label_replica_dims",
     "sample_pt",
 ]

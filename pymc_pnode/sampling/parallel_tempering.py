@@ -171,6 +171,10 @@ class ParallelTempering(ArrayStepShared):
         Cold-to-hot-to-cold round trips completed since the end of tuning.
     ``model_logp`` ()
         Log-density of the cold replica.
+    ``ladder_<name>`` (K,)
+        Per-replica values of every scalar shared variable in
+        ``shared_ladder`` (e.g. ``ladder_kappa`` for a Fenrir diffusion
+        called ``kappa``).
 
     Examples
     --------
@@ -274,6 +278,8 @@ class ParallelTempering(ArrayStepShared):
 
         self._initial_betas = betas_arr
         self._untuned_moves = moves
+        # Scalar shared ladders (e.g. a Fenrir diffusion) are reported per draw like betas.
+        self._ladder_stats = ladder.stat_values() if ladder is not None else {}
         self._set_stats_metadata(n_rep)
         self.tune = True
         self._reset_chain()
@@ -346,6 +352,8 @@ class ParallelTempering(ArrayStepShared):
             "round_trips": (np.int64, []),
             "model_logp": (np.float64, []),
         }
+        for name in self._ladder_stats:
+            shapes[name] = (np.float64, [n_rep])
         self.stats_dtypes_shapes = shapes
         # PyMC's NDArray trace stores one scalar per draw and stat unless the
         # dtype is object; vector stats are stacked back into arrays on export.
@@ -468,6 +476,8 @@ class ParallelTempering(ArrayStepShared):
             "round_trips": int(self.round_trips.count),
             "model_logp": float(cold.var_logp + cold.data_logp),
         }
+        for name, values in self._ladder_stats.items():
+            stats[name] = values.copy()
         return RaveledVars(cold.x.copy(), q0.point_map_info), [stats]
 
     def _swap_round(self) -> tuple[np.ndarray, np.ndarray]:

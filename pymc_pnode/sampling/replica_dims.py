@@ -6,10 +6,13 @@ import arviz as az
 import numpy as np
 import xarray as xr
 
+from pymc_pnode.sampling.shared_ladder import LADDER_STAT_PREFIX
+
 __all__ = ["PAIR_STATS", "REPLICA_STATS", "label_replica_dims"]
 
 REPLICA_STATS = ("betas", "replica_accept", "replica_scale")
-"""Statistics with one entry per replica."""
+"""Statistics with one entry per replica (besides the ``ladder_<name>`` statistics of
+scalar shared ladders, recognised by their prefix)."""
 
 PAIR_STATS = ("swap_accept", "swap_accepted", "swap_rate")
 """Statistics with one entry per adjacent replica pair ``(k, k + 1)``."""
@@ -45,8 +48,9 @@ def label_replica_dims(
         sizes: dict[str, int] = {}
         for name, da in ds.data_vars.items():
             old = f"{name}_dim_0"
-            if old in da.dims and name in REPLICA_STATS + PAIR_STATS:
-                new = replica_dim if name in REPLICA_STATS else pair_dim
+            per_replica = name in REPLICA_STATS or name.startswith(LADDER_STAT_PREFIX)
+            if old in da.dims and (per_replica or name in PAIR_STATS):
+                new = replica_dim if per_replica else pair_dim
                 da = da.drop_vars(old, errors="ignore").rename({old: new})
                 sizes[new] = da.sizes[new]
             renamed[name] = da

@@ -19,7 +19,10 @@ import numpy as np
 from pymc.model import Model
 from pytensor.compile.sharedvalue import SharedVariable
 
-__all__ = ["SharedLadder"]
+__all__ = ["LADDER_STAT_PREFIX", "SharedLadder"]
+
+LADDER_STAT_PREFIX = "ladder_"
+"""Prefix of the per-replica sampler statistics reporting scalar shared ladders."""
 
 
 class SharedLadder:
@@ -132,3 +135,24 @@ class SharedLadder:
     def differs(self, k: int) -> bool:
         """Whether replicas ``k`` and ``k + 1`` use different shared values."""
         return any(not np.array_equal(vals[k], vals[k + 1]) for vals in self.values)
+
+    def stat_values(self) -> dict[str, np.ndarray]:
+        """Per-replica values of the scalar laddered variables, for sampler statistics.
+
+        Returns
+        -------
+        dict
+            ``{"ladder_<name>": array of shape (K,)}`` for every laddered
+            variable whose value is a real scalar (e.g. a Fenrir diffusion);
+            unnamed variables are called ``shared<i>`` by their position in
+            the ladder.  Non-scalar variables are not reported.
+        """
+        out: dict[str, np.ndarray] = {}
+        for i, (var, vals) in enumerate(zip(self.variables, self.values)):
+            if vals[0].ndim != 0 or vals[0].dtype.kind not in "biuf":
+                continue
+            name = f"{LADDER_STAT_PREFIX}{var.name or f'shared{i}'}"
+            if name in out:  # two variables with the same name: disambiguate by position
+                name = f"{name}_{i}"
+            out[name] = np.array([float(v) for v in vals], dtype=np.float64)
+        return out

@@ -1,0 +1,391 @@
+"""Fenrir speed: time per log-likelihood and per log-likelihood + gradient, and NUTS ESS per second.
+
+Problem: FitzHugh–Nagumo (a = b = 0.2, c = 3, y0 = [-1, 1]); y1 observed at t = 1.0, 1.1, ..., 20.0
+with Gaussian noise (sd 0.1, seeded); IWP(3) prior, EK1, fixed steps 0.05 and 0.01 from t0 = 0,
+diffusion 1, gradient with respect to y0, theta and the noise sd.
+
+Rows, side by side in one process:
+
+- ``pymc_pnode.fenrir_loglik`` compiled with ``pytensor.function`` (value, and value + ``pytensor.grad``)
+  in the default mode and in ``mode="NUMBA"``;
+- probdiffeq's jitted time-series marginal likelihood (``loss_lml_timeseries``) and its jitted
+  ``jax.value_and_grad``: dense state-space model, IWP(3), ``constraint_ode_ts1`` with a
+  materialised Jacobian (EK1), fixed-interval smoother on the same grid, no output-scale
+  calibration (diffusion 1). Runs when JAX and probdiffeq (the ``bench`` extra) are importable.
+
+``--nuts`` adds short NUTS runs (minutes): effective samples per second for the pymc_pnode Fenrir
+model, ``pm.ode.DifferentialEquation`` on the same data and, when BlackJAX is importable,
+probdiffeq + BlackJAX NUTS, all with the same priors and the same posterior parametrisation.
+
+Run: ``python benchmarks/fenrir_speed.py [--nuts]``; prints Markdown tables for ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import time
+import warnings
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+from scipy.integrate import solve_ivp
+
+import pymc_pnode as pn
+from pymc_pnode.solve import fixed_grid
+
+THETA = np.array([0.2, 0.2, 3.0])
+Y0 = np.array([-1.0, 1.0])
+SIGMA = 0.1
+DIFFUSION = 1.0
+ORDER = 3
+TIMES = np.round(np.arange(10, 201) / 10.0, 10)  # 1.0, 1.1, ..., 20.0
+UNOBSERVED_STD = 1e6  # probdiffeq observes the full state at every grid point; this hides an entry
+
+warnings.filterwarnings("ignore", message="PyTensor could not link to a BLAS")
+
+
+def fhn(y, t, p):
+    """FitzHugh–Nagumo in the ``pm.ode.DifferentialEquation`` signature."""
+    return [p[2] * (y[0] - y[0] ** 3 / 3 + y[1]), -(y[0] - p[0] - p[1] * y[1]) / p[2]]
+
+
+def simulate_data(seed: int) -> np.ndarray:
+    """y1 at ``TIMES`` (reference solution, rtol = atol = 1e-12) plus N(0, 0.1²) noise."""
+    sol = solve_ivp(lambda t, y: fhn(y, t, THETA), (0.0, TIMES[-1]), Y0, method="DOP853",
+                    t_eval=TIMES, rtol=1e-12, atol=1e-12)
+    return sol.y[0] + SIGMA * np.random.default_rng(seed).standard_normal(TIMES.size)
+
+
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall time of ``repeats`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def load_avg() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def grad_error(grad: np.ndarray, value_fn, x: np.ndarray) -> float:
+    """max |grad − central difference| / max |central difference| at ``x`` (flat parameters)."""
+    fd = np.empty_like(x)
+    for i in range(x.size):
+        h = 1e-6 * max(1.0, abs(x[i]))
+        e = np.zeros_like(x)
+        e[i] = h
+        fd[i] = (value_fn(x + e) - value_fn(x - e)) / (2 * h)
+    return float(np.max(np.abs(grad - fd)) / np.max(np.abs(fd)))
+
+
+def split(x: np.ndarray):
+    """Flat parameter vector ``[y0 (2), theta (3), sigma]`` → ``(y0, theta, sigma)``."""
+    return x[:2], x[2:5], x[5]
+
+
+# --------------------------------------------------------------------------- pymc_pnode
+def pnode_functions(ode: pn.ODE, data: np.ndarray, step: float, mode):
+    """Compiled value and value+gradient functions of ``pn.fenrir_loglik``; first-call seconds."""
+    t0 = time.perf_counter()
+    y0, theta, sigma = pt.vector("y0"), pt.vector("theta"), pt.scalar("sigma")
+    ll = pn.fenrir_loglik(ode, y0, theta, TIMES, data[:, None], obs_matrix=[[1.0, 0.0]],
+                          obs_sigma=sigma, diffusion=DIFFUSION, solver=pn.EK1(order=ORDER), step=step)
+    grads = pytensor.grad(ll, [y0, theta, sigma])
+    value = pytensor.function([y0, theta, sigma], ll, mode=mode)
+    value_grad = pytensor.function([y0, theta, sigma], [ll, *grads], mode=mode)
+    x = np.concatenate([Y0, THETA, [SIGMA]])
+    value(*split(x))
+    value_grad(*split(x))
+    first = time.perf_counter() - t0
+
+    def val(x):
+        return float(value(*split(x)))
+
+    def val_grad(x):
+        v, gy, gt, gs = value_grad(*split(x))
+        return float(v), np.concatenate([gy, gt, [gs]])
+
+    return val, val_grad, first
+
+
+# --------------------------------------------------------------------------- probdiffeq peer
+def load_peer():
+    """``(jax, jnp, ivpsolve, probdiffeq)`` with float64 enabled, or None (message printed)."""
+    try:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        import jax.numpy as jnp
+        from probdiffeq import ivpsolve
+        from probdiffeq import probdiffeq as pdq
+    except ImportError as err:
+        print(f"probdiffeq peer skipped: {err} (install the `bench` extra to include it)\n")
+        return None
+    return jax, jnp, ivpsolve, pdq
+
+
+def probdiffeq_loglik(peer, data: np.ndarray, step: float):
+    """probdiffeq's Fenrir-type log-likelihood ``(y0, theta, sigma) -> float`` (a JAX function).
+
+    The grid is pymc_pnode's (0 → 20, containing every observation time). probdiffeq's
+    ``loss_lml_timeseries`` observes the whole state at every grid point, so y2 and the grid points
+    between observations get the standard deviation ``UNOBSERVED_STD``; their nearly constant
+    contribution ``-log(UNOBSERVED_STD) - log(2π)/2`` per entry is removed, which leaves the same
+    quantity as ``pn.fenrir_loglik`` (checked: the printed values agree).
+    """
+    jax, jnp, ivpsolve, pdq = peer
+    grid = fixed_grid(np.union1d([0.0], TIMES), step)
+    obs_idx = np.searchsorted(grid, TIMES)
+    assert np.allclose(grid[obs_idx], TIMES)
+    u = np.zeros((grid.size, 2))
+    u[obs_idx, 0] = data
+    n_hidden = 2 * grid.size - TIMES.size
+    offset = n_hidden * (math.log(UNOBSERVED_STD) + 0.5 * math.log(2 * math.pi))
+    grid, u = jnp.asarray(grid), jnp.asarray(u)
+    loss = pdq.loss_lml_timeseries(average_pdfs=False)
+
+    def loglik(y0, theta, sigma):
+        vf = pdq.ode(lambda y, *, t: jnp.stack(fhn(y, t, theta)), jacobian=pdq.jacobian_materialize())
+        tcoeffs, _ = pdq.jetexpand_ode_unroll(num=ORDER)(vf, [y0], t=0.0)
+        ssm = pdq.state_space_model_dense()
+        prior = ssm.prior_wiener_integrated(tcoeffs, output_scale=math.sqrt(DIFFUSION) * jnp.ones(2))
+        solver = pdq.solver(constraint=ssm.constraint_ode_ts1(vf),
+                            strategy=pdq.strategy_smoother_fixedinterval())
+        sol = ivpsolve.solve_fixed_grid(solver=solver)(prior, grid=grid)
+        std = jnp.full(u.shape, UNOBSERVED_STD).at[obs_idx, 0].set(sigma)
+        return loss(u, posterior=sol.solution_full, std=std) + offset
+
+    return loglik
+
+
+def probdiffeq_functions(peer, data: np.ndarray, step: float):
+    """Jitted value and ``value_and_grad`` of :func:`probdiffeq_loglik`; first-call seconds."""
+    jax, jnp = peer[0], peer[1]
+    loglik = probdiffeq_loglik(peer, data, step)
+    value = jax.jit(loglik)
+    value_grad = jax.jit(jax.value_and_grad(loglik, argnums=(0, 1, 2)))
+    x = np.concatenate([Y0, THETA, [SIGMA]])
+    args = lambda x: (jnp.asarray(x[:2]), jnp.asarray(x[2:5]), jnp.asarray(x[5]))  # noqa: E731
+    t0 = time.perf_counter()
+    jax.block_until_ready(value(*args(x)))
+    jax.block_until_ready(value_grad(*args(x)))
+    first = time.perf_counter() - t0
+
+    def val(x):
+        return float(jax.block_until_ready(value(*args(x))))
+
+    def val_grad(x):
+        v, (gy, gt, gs) = jax.block_until_ready(value_grad(*args(x)))
+        return float(v), np.concatenate([np.asarray(gy), np.asarray(gt), [float(gs)]])
+
+    return val, val_grad, first
+
+
+def timing_table(data: np.ndarray, steps, repeats: int, peer) -> list[tuple]:
+    """Rows ``(step, n_steps, implementation, logp ms, logp+grad ms, first s, logp, grad error)``."""
+    t0 = time.perf_counter()
+    ode = pn.ODE(fhn, n_states=2, n_theta=3)
+    print(f"pn.ODE construction: {time.perf_counter() - t0:.2f} s")
+    x = np.concatenate([Y0, THETA, [SIGMA]])
+    rows = []
+    for step in steps:
+        n_steps = fixed_grid(np.union1d([0.0], TIMES), step).size - 1
+        impls = [(f"pymc_pnode, pytensor default mode ({pytensor.config.mode})",
+                  lambda: pnode_functions(ode, data, step, None)),
+                 ("pymc_pnode, mode=\"NUMBA\"", lambda: pnode_functions(ode, data, step, "NUMBA"))]
+        if peer is not None:
+            impls.append(("probdiffeq, jax.jit (value) / jax.jit(jax.value_and_grad)",
+                          lambda: probdiffeq_functions(peer, data, step)))
+        for label, build in impls:
+            val, val_grad, first = build()
+            t_val = median_seconds(lambda: val(x), repeats)
+            t_grad = median_seconds(lambda: val_grad(x), repeats)
+            value, grad = val_grad(x)
+            rows.append((step, n_steps, label, t_val * 1e3, t_grad * 1e3, first, value,
+                         grad_error(grad, val, x)))
+            print(f"  step {step}: {label}: logp {t_val * 1e3:.2f} ms, logp+grad {t_grad * 1e3:.2f} ms "
+                  f"(load {load_avg()})", flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------- NUTS
+PRIOR_THETA_SD, PRIOR_Y0_SD, PRIOR_SIGMA_SD = 0.5, 0.5, 0.2
+
+
+def pymc_model(kind: str, data: np.ndarray, step: float):
+    """The benchmark posterior in PyMC with the Fenrir likelihood or ``pm.ode.DifferentialEquation``."""
+    import pymc as pm
+
+    with pm.Model() as model:
+        theta = pm.LogNormal("theta", np.log(THETA), PRIOR_THETA_SD, shape=3)
+        y0 = pm.Normal("y0", Y0, PRIOR_Y0_SD, shape=2)
+        sigma = pm.HalfNormal("sigma", PRIOR_SIGMA_SD)
+        if kind == "fenrir":
+            ode = pn.ODE(fhn, n_states=2, n_theta=3)
+            pn.Fenrir("y1", ode, y0=y0, theta=theta, times=TIMES, observed=data[:, None],
+                      obs_matrix=[[1.0, 0.0]], obs_sigma=sigma, diffusion=DIFFUSION,
+                      solver=pn.EK1(order=ORDER), step=step)
+        else:
+            ode = pm.ode.DifferentialEquation(func=fhn, times=TIMES, n_states=2, n_theta=3, t0=0.0)
+            pm.Normal("y1", ode(y0=y0, theta=theta)[:, 0], sigma, observed=data)
+    return model
+
+
+def run_pymc_nuts(kind: str, data, step, args, mode=None) -> dict:
+    """``pm.sample`` (NUTS, chains one after another); ESS from ArviZ, time without compilation."""
+    import arviz as az
+    import pymc as pm
+
+    model = pymc_model(kind, data, step)
+    initvals = {"theta": THETA, "y0": Y0, "sigma": SIGMA}
+    kwargs = {} if mode is None else {"compile_kwargs": {"mode": mode}}
+    load0 = load_avg()
+    t0 = time.perf_counter()
+    with model:
+        idata = pm.sample(draws=args.draws, tune=args.tune, chains=args.chains, cores=1,
+                          init="adapt_diag", initvals=initvals, random_seed=args.seed,
+                          progressbar=False, compute_convergence_checks=False, **kwargs)
+    wall = time.perf_counter() - t0
+    ess = az.ess(idata, var_names=["theta", "y0", "sigma"], method="bulk")
+    return dict(ess=float(min(ess[v].values.min() for v in ess.data_vars)),
+                seconds=float(idata.sample_stats.attrs["sampling_time"]), wall=wall,
+                divergences=int(idata.sample_stats["diverging"].sum()),
+                means=posterior_means(idata), load=f"{load0} → {load_avg()}")
+
+
+def posterior_means(idata) -> str:
+    post = idata.posterior
+    th = post["theta"].mean(("chain", "draw")).values
+    return f"a={th[0]:.3f}, b={th[1]:.3f}, c={th[2]:.3f}, σ={float(post['sigma'].mean()):.3f}"
+
+
+def run_blackjax_nuts(peer, data, step, args) -> dict | None:
+    """probdiffeq likelihood + BlackJAX NUTS (window adaptation), same priors and transforms."""
+    try:
+        import blackjax
+    except ImportError as err:
+        print(f"BlackJAX row skipped: {err}")
+        return None
+    import arviz as az
+    from jax import monitoring
+
+    jax, jnp = peer[0], peer[1]
+    loglik = probdiffeq_loglik(peer, data, step)
+
+    def logdensity(z):
+        # z = [log theta (3), y0 (2), log sigma]: PyMC's log transforms, with their Jacobians.
+        log_theta, y0, log_sigma = z[:3], z[3:5], z[5]
+        sigma = jnp.exp(log_sigma)
+        lp = -0.5 * jnp.sum(((log_theta - jnp.log(THETA)) / PRIOR_THETA_SD) ** 2)
+        lp += -0.5 * jnp.sum(((y0 - Y0) / PRIOR_Y0_SD) ** 2)
+        lp += -0.5 * (sigma / PRIOR_SIGMA_SD) ** 2 + log_sigma
+        return lp + loglik(y0, jnp.exp(log_theta), sigma)
+
+    compile_seconds = [0.0]
+    compile_events = {"/jax/core/compile/jaxpr_trace_duration",
+                      "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                      "/jax/core/compile/backend_compile_duration"}
+
+    def on_duration(event, duration, **kw):
+        if event in compile_events:
+            compile_seconds[0] += duration
+
+    monitoring.register_event_duration_secs_listener(on_duration)
+    z0 = jnp.concatenate([jnp.log(THETA), jnp.asarray(Y0), jnp.log(jnp.array([SIGMA]))])
+    key = jax.random.key(args.seed)
+    draws, divergences = [], 0
+    load0 = load_avg()
+    t0 = time.perf_counter()
+    try:
+        for _ in range(args.chains):
+            key, k_warm, k_draw = jax.random.split(key, 3)
+            warmup = blackjax.window_adaptation(blackjax.nuts, logdensity, target_acceptance_rate=0.8)
+            (state, params), _ = warmup.run(k_warm, z0, num_steps=args.tune)
+            kernel = blackjax.nuts(logdensity, **params)
+
+            def one_step(s, k, kernel=kernel):
+                s, info = kernel.step(k, s)
+                return s, (s.position, info.is_divergent)
+
+            run = jax.jit(lambda s, ks: jax.lax.scan(one_step, s, ks))
+            _, (positions, divergent) = jax.block_until_ready(
+                run(state, jax.random.split(k_draw, args.draws)))
+            draws.append(np.asarray(positions))
+            divergences += int(np.sum(divergent))
+    finally:
+        monitoring.unregister_event_duration_listener(on_duration)
+    wall = time.perf_counter() - t0
+    z = np.stack(draws)  # (chain, draw, 6)
+    posterior = {"theta": np.exp(z[..., :3]), "y0": z[..., 3:5], "sigma": np.exp(z[..., 5])}
+    idata = az.from_dict(posterior=posterior)
+    ess = az.ess(idata, method="bulk")
+    return dict(ess=float(min(ess[v].values.min() for v in ess.data_vars)),
+                seconds=wall - compile_seconds[0], wall=wall, divergences=divergences,
+                means=posterior_means(idata), load=f"{load0} → {load_avg()}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=float, nargs="+", default=[0.05, 0.01])
+    parser.add_argument("--repeats", type=int, default=15, help="timed calls per median")
+    parser.add_argument("--seed", type=int, default=20240521)
+    parser.add_argument("--no-peer", action="store_true", help="skip probdiffeq even if installed")
+    parser.add_argument("--nuts", action="store_true", help="also run short NUTS comparisons (minutes)")
+    parser.add_argument("--nuts-step", type=float, default=0.05)
+    parser.add_argument("--nuts-numba", action="store_true", help="add a Fenrir NUTS run in mode=NUMBA")
+    parser.add_argument("--chains", type=int, default=2)
+    parser.add_argument("--tune", type=int, default=300)
+    parser.add_argument("--draws", type=int, default=300)
+    args = parser.parse_args()
+
+    print(f"{time.strftime('%Y-%m-%d %H:%M %Z')}; {platform.machine()}, {os.cpu_count()} cores; "
+          f"load average (1/5/15 min) at start {load_avg()}")
+    print(f"python {platform.python_version()}, pymc_pnode {pn.__version__}, pytensor "
+          f"{pytensor.__version__}, numpy {np.__version__}")
+    peer = None if args.no_peer else load_peer()
+    if peer is not None:
+        import probdiffeq
+
+        print(f"peer: jax {peer[0].__version__}, probdiffeq {probdiffeq.__version__} (CPU, float64)")
+    data = simulate_data(args.seed)
+
+    rows = timing_table(data, args.steps, args.repeats, peer)
+    print(f"\nFenrir log-likelihood, FitzHugh–Nagumo, {TIMES.size} observations of y1, IWP({ORDER}), EK1; "
+          f"median of {args.repeats} calls; gradient with respect to y0, theta, sigma. Load average at "
+          f"end: {load_avg()}\n")
+    print("| step | steps | implementation | logp [ms] | logp+grad [ms] | first call [s] | logp | "
+          "grad vs central diff. (rel.) |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for step, n, label, t_val, t_grad, first, value, err in rows:
+        print(f"| {step} | {n} | {label} | {t_val:.2f} | {t_grad:.2f} | {first:.1f} | {value:.6f} | "
+              f"{err:.1e} |")
+
+    if not args.nuts:
+        return
+    print(f"\nNUTS: {args.chains} chains × ({args.tune} tune + {args.draws} draws), one after another; "
+          f"step {args.nuts_step}", flush=True)
+    results = [("pymc_pnode Fenrir, pm.sample", run_pymc_nuts("fenrir", data, args.nuts_step, args))]
+    if args.nuts_numba:
+        results.append(("pymc_pnode Fenrir, pm.sample (mode=\"NUMBA\")",
+                        run_pymc_nuts("fenrir", data, args.nuts_step, args, mode="NUMBA")))
+    results.append(("pm.ode.DifferentialEquation, pm.sample", run_pymc_nuts("ode", data, args.nuts_step, args)))
+    if peer is not None:
+        bj = run_blackjax_nuts(peer, data, args.nuts_step, args)
+        if bj is not None:
+            results.append(("probdiffeq + BlackJAX NUTS", bj))
+    print("\n| sampler | min bulk ESS | sampling time [s] | ESS/s | wall incl. compile [s] | divergences | "
+          "posterior means | load average |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for label, r in results:
+        print(f"| {label} | {r['ess']:.0f} | {r['seconds']:.1f} | {r['ess'] / r['seconds']:.2f} | "
+              f"{r['wall']:.1f} | {r['divergences']} | {r['means']} | {r['load']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The discretised problem shared by the forward sampler and the PyMC layer: validation and adapters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pymc_pnode.chkrebtii.callbacks import ode_callbacks
+from pymc_pnode.chkrebtii.delay import DelayODE
+from pymc_pnode.chkrebtii.kernels import kernel_code
+from pymc_pnode.chkrebtii.recursion import LAG_CONSTANT, LAG_FUNCTION, LAG_NONE
+from pymc_pnode.chkrebtii.structure import noise_code
+from pymc_pnode.ode import ODE
+
+__all__ = ["Discretisation", "FieldSpec", "discretisation", "field_spec", "positive_parameter"]
+
+
+@dataclass(frozen=True)
+class Discretisation:
+    """Grid, output times and solver settings of Algorithm 1 (hashable: used as Op properties)."""
+
+    t0: float
+    t1: float
+    n_grid: int
+    times: tuple
+    kernel: str
+    noise: str
+    jitter: float
+
+    @property
+    def span(self) -> float:
+        return self.t1 - self.t0
+
+    @property
+    def grid(self) -> np.ndarray:
+        """The equally spaced grid ``s`` (absolute times), ``s[0] = t0``, ``s[-1] = t1``."""
+        g = self.t0 + self.span * np.arange(self.n_grid) / (self.n_grid - 1)
+        g[-1] = self.t1
+        return g
+
+    @property
+    def times_array(self) -> np.ndarray:
+        return np.array(self.times, dtype=np.float64)
+
+    @property
+    def times_rel(self) -> np.ndarray:
+        """Output times measured from ``t0``."""
+        return np.ascontiguousarray(self.times_array - self.t0)
+
+    @property
+    def kernel_code(self) -> int:
+        return kernel_code(self.kernel)
+
+    @property
+    def noise_code(self) -> int:
+        return noise_code(self.noise)
+
+
+def discretisation(t_span, n_grid, times, kernel: str, noise: str, jitter: float) -> Discretisation:
+    """Validated :class:`Discretisation`; ``ValueError`` naming the offending argument."""
+    try:
+        t0, t1 = (float(v) for v in t_span)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"t_span must be a pair (t0, t1), got {t_span!r}") from err
+    if not (math.isfinite(t0) and math.isfinite(t1) and t1 > t0):
+        raise ValueError(f"t_span must be finite with t1 > t0, got {t_span!r}")
+    if isinstance(n_grid, bool) or int(n_grid) != n_grid or n_grid < 2:
+        raise ValueError(f"n_grid must be an integer >= 2, got {n_grid!r}")
+    n_grid = int(n_grid)
+    kernel_code(kernel)
+    noise_code(noise)
+    jitter = float(jitter)
+    if not (math.isfinite(jitter) and 0.0 <= jitter < 1.0):
+        raise ValueError(f"jitter must lie in [0, 1), got {jitter!r}")
+    if times is None:
+        arr = t0 + (t1 - t0) * np.arange(n_grid) / (n_grid - 1)
+        arr[-1] = t1
+    else:
+        arr = np.asarray(times, dtype=np.float64)
+        if arr.ndim != 1 or arr.size == 0:
+            raise ValueError(f"times must be a non-empty 1-d array, got shape {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError("times must be finite")
+        if np.any(np.diff(arr) <= 0.0):
+            raise ValueError("times must be strictly increasing")
+        tol = 1e-12 * (t1 - t0)
+        if arr[0] < t0 - tol or arr[-1] > t1 + tol:
+            raise ValueError(
+                f"times must lie inside the grid span [{t0}, {t1}], got [{arr[0]}, {arr[-1]}]"
+            )
+        arr = np.clip(arr, t0, t1)
+    return Discretisation(t0, t1, n_grid, tuple(float(x) for x in arr), kernel, noise, jitter)
+
+
+def positive_parameter(value, name: str, n_states: int) -> np.ndarray:
+    """A positive scalar or per-component ``(n_states,)`` hyperparameter as a float64 1-d array."""
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim > 1 or (arr.ndim == 1 and arr.size not in (1, n_states)):
+        raise ValueError(f"{name} must be a scalar or have shape ({n_states},), got shape {arr.shape}")
+    arr = arr.reshape(-1)
+    if not (np.all(np.isfinite(arr)) and np.all(arr > 0.0)):
+        raise ValueError(f"{name} must be finite and positive, got {value!r}")
+    return arr
+
+
+@dataclass
+class FieldSpec:
+    """What the recursion kernels need to evaluate an :class:`ODE` or a :class:`DelayODE`."""
+
+    rhs: int
+    jac_y: int
+    jac_p: int
+    hist: int
+    hist_jp: int
+    hist_dt: int
+    lag_mode: int
+    tau_index: int
+    tau_fixed: float
+    forcing: np.ndarray
+    n_states: int
+    n_theta: int
+
+    def kernel_args(self) -> tuple:
+        return self.rhs, self.jac_y, self.jac_p, self.hist, self.hist_jp, self.hist_dt
+
+    def lag_args(self) -> tuple:
+        return self.lag_mode, self.tau_index, self.tau_fixed, self.forcing
+
+
+def field_spec(ode: ODE | DelayODE, grid: np.ndarray) -> FieldSpec:
+    """Adapter from an :class:`ODE` / :class:`DelayODE` to the recursion kernels' arguments."""
+    if isinstance(ode, DelayODE):
+        rhs, jac_y, jac_p = ode_callbacks(ode.augmented)
+        if ode.history_ode is not None:
+            hist, _, hist_jp = ode_callbacks(ode.history_ode)
+            hist_dt = ode_callbacks(ode.history_dt_ode)[0]
+            mode = LAG_FUNCTION
+        else:
+            hist, hist_jp, hist_dt = 0, 0, 0  # never called
+            mode = LAG_CONSTANT
+        tau_index = -1 if ode.delay_param is None else ode.delay_param
+        tau_fixed = 0.0 if ode.delay is None else ode.delay
+        return FieldSpec(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, mode, tau_index, tau_fixed,
+                         ode.forcing_values(grid), ode.n_states, ode.n_theta)
+    if isinstance(ode, ODE):
+        rhs, jac_y, jac_p = ode_callbacks(ode)
+        return FieldSpec(rhs, jac_y, jac_p, 0, 0, 0, LAG_NONE, -1, 0.0, np.zeros((grid.size, 0)),
+                         ode.n_states, ode.n_theta)
+    raise ValueError(f"ode must be a pymc_pnode.ODE or DelayODE, got {type(ode).__name__}")

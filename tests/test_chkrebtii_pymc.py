@@ -1,0 +1,179 @@
+"""Chkrebtii layer in PyMC: exact gradients, NUTS and Algorithm 2 calibration, pickling, numba backend."""
+
+import cloudpickle
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from pytensor.graph.replace import graph_replace
+
+import pymc_pnode as pn
+from pymc_pnode.chkrebtii import ChkrebtiiMetropolis, ChkrebtiiSolution, DelayODE
+from tests.conftest import assert_gradient_matches_central_differences
+
+
+def _layer_value(ode, y0, theta, log_alpha, log_lam, z, weights, **kw):
+    """``sum(weights * u)`` of the layer with its innovations replaced by the symbolic ``z``."""
+    with pm.Model() as model:
+        u = ChkrebtiiSolution("u", ode, y0=y0, theta=theta, alpha=pt.exp(log_alpha),
+                              lam=pt.exp(log_lam), **kw)
+    (value,) = graph_replace([(u * weights).sum()], {model["u_innovations"]: z}, strict=False)
+    return value
+
+
+@pytest.mark.parametrize(
+    "kernel, noise, lam, output",
+    [("uniform", "zero", [0.3, 0.45], "draw"), ("uniform", "paper", 0.7, "mean"),
+     ("squared_exponential", "paper", 0.35, "draw")],
+)
+def test_exact_gradients_theta_y0_alpha_lam_innovations(lv_ode, rng, kernel, noise, lam, output):
+    times = np.array([0.4, 1.1, 2.5, 3.0])
+    n = 24
+    n_z = n - 1 + (times.size if output == "draw" else 0)
+    weights = rng.standard_normal((times.size, 2))
+    kw = dict(t_span=(0.0, 3.0), n_grid=n, kernel=kernel, noise=noise, times=times, output=output)
+
+    def build(theta, y0, log_alpha, log_lam, z):
+        return _layer_value(lv_ode, y0, theta, log_alpha, log_lam, z, weights, **kw)
+
+    point = [np.array([1.0, 0.8, 0.6, 1.1]), np.array([1.0, 0.5]), np.log(np.array([20.0, 5.0])),
+             np.log(np.atleast_1d(lam)), 0.5 * rng.standard_normal((n_z, 2))]
+    assert_gradient_matches_central_differences(build, point, rel=1e-5, abs_=1e-7)
+
+
+def test_exact_gradients_delay_history_and_forcing(rng):
+    # Lagged states enter both components; the delay is theta[1], the history depends on theta[2].
+    def field(y, t, p, lag, forcing):
+        return [-p[0] * lag[0] + 0.3 * forcing[0], -p[2] * y[1] * lag[0] + 0.2 * lag[1]]
+
+    dde = DelayODE(field, 2, 3, delay_param=1, history=lambda t, p: [1.0 + 0.1 * t, pt.cos(p[2] * t)],
+                   forcing=([0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 0.5, 0.2]))
+    times = np.array([0.7, 1.5, 2.9])
+    weights = rng.standard_normal((3, 2))
+    kw = dict(t_span=(0.0, 3.0), n_grid=31, noise="paper", times=times)
+
+    def build(theta, y0, log_alpha, log_lam, z):
+        return _layer_value(dde, y0, theta, log_alpha, log_lam, z, weights, **kw)
+
+    point = [np.array([1.0, 0.73, 0.5]), np.array([1.0, 1.0]), np.array(np.log(50.0)),
+             np.array(np.log(0.17)), rng.standard_normal((33, 2))]
+    assert_gradient_matches_central_differences(build, point, rel=1e-5, abs_=1e-7)
+
+
+# ---------------------------------------------------------------- calibration
+def _decay(y, t, p):
+    return [-p[0] * y[0]]
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    """y' = -k y, k = 0.8, six noisy observations; a coarse grid (the layer carries its error)."""
+    ode = pn.ODE(_decay, n_states=1, n_theta=1)
+    times = np.linspace(0.5, 3.0, 6)
+    rng = np.random.default_rng(7)
+    data = np.exp(-0.8 * times)[:, None] + 0.02 * rng.standard_normal((6, 1))
+    return ode, times, data
+
+
+def _calibration_model(ode, times, data, output="draw"):
+    with pm.Model() as model:
+        k = pm.LogNormal("k", 0.0, 0.5)
+        u = ChkrebtiiSolution("u", ode, y0=[1.0], theta=pt.stack([k]), t_span=(0.0, 3.0),
+                              n_grid=16, alpha=200.0, lam=0.4, times=times, output=output)
+        pm.Normal("y", u, 0.02, observed=data)
+    return model
+
+
+def _assert_recovers(idata, truth=0.8):
+    draws = idata.posterior["k"].values.reshape(-1)
+    lo, hi = np.quantile(draws, [0.005, 0.995])
+    assert lo < truth < hi, (lo, hi)
+    assert hi - lo < 0.3
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_nuts_recovers_parameter(calibration):
+    model = _calibration_model(*calibration)
+    with model:
+        idata = pm.sample(draws=250, tune=250, chains=1, progressbar=False, random_seed=1,
+                          compute_convergence_checks=False)
+    _assert_recovers(idata)
+    assert int(idata.sample_stats["diverging"].sum()) < 10
+
+
+def test_algorithm2_recovers_parameter_and_adapts(calibration):
+    model = _calibration_model(*calibration)
+    with model:
+        step = ChkrebtiiMetropolis([model["k"]])
+        assert set(v.name for v in step.vars) == {"k_log__", "u_innovations"}
+        idata = pm.sample(draws=1200, tune=800, chains=1, step=step, progressbar=False,
+                          random_seed=2, compute_convergence_checks=False)
+    _assert_recovers(idata)
+    accept = float(idata.sample_stats["accepted"].mean())
+    assert 0.1 < accept < 0.7, accept
+    assert step.scaling != 0.1  # adapted during tuning
+
+
+def test_algorithm2_compounds_with_nuts_and_pickles(calibration):
+    ode, times, data = calibration
+    with pm.Model() as model:
+        k = pm.LogNormal("k", 0.0, 0.5)
+        u = ChkrebtiiSolution("u", ode, y0=[1.0], theta=pt.stack([k]), t_span=(0.0, 3.0), n_grid=16,
+                              alpha=200.0, lam=0.4, times=times, output="mean")
+        sigma = pm.HalfNormal("sigma", 0.05)
+        pm.Normal("y", u, sigma, observed=data)
+        step = ChkrebtiiMetropolis([k])
+        clone = cloudpickle.loads(cloudpickle.dumps(step))
+        assert clone.n_theta == 1 and clone.n_innov == 15
+        idata = pm.sample(draws=300, tune=300, chains=1, step=[step], progressbar=False,
+                          random_seed=3, compute_convergence_checks=False)
+    assert {"k", "sigma", "u"} <= set(idata.posterior.data_vars)
+    assert np.all(np.isfinite(idata.posterior["sigma"].values))
+
+
+def test_metropolis_acceptance_is_the_papers_ratio(calibration):
+    # The step's log target excludes the innovations' prior (it cancels with their proposal).
+    model = _calibration_model(*calibration)
+    with model:
+        step = ChkrebtiiMetropolis([model["k"]])
+    point = model.initial_point()
+    q = np.concatenate([point["k_log__"].reshape(-1), point["u_innovations"].reshape(-1)])
+    z = point["u_innovations"]
+    full = model.compile_logp()(point)
+    assert step.logp_fn(q) == pytest.approx(full + 0.5 * np.sum(z**2) + 0.5 * z.size * np.log(2 * np.pi))
+    with model, pytest.raises(ValueError, match="innovations"):
+        ChkrebtiiMetropolis([model["u_innovations"]])
+
+
+@pytest.mark.slow
+def test_numba_backend_matches_default_backend(lv_ode):
+    times = np.array([0.5, 1.0, 2.0])
+    with pm.Model() as model:
+        th = pm.LogNormal("th", np.log([1.0, 0.8, 0.6, 1.1]), 0.1, shape=4)
+        lam = pm.LogNormal("lam", np.log(0.4), 0.2)
+        u = ChkrebtiiSolution("u", lv_ode, y0=[1.0, 0.5], theta=th, t_span=(0, 3), n_grid=20,
+                              alpha=20.0, lam=lam, times=times, noise="paper")
+        pm.Normal("y", u, 0.1, observed=np.ones((3, 2)))
+    point = model.initial_point()
+    point["u_innovations"] = np.random.default_rng(0).standard_normal(point["u_innovations"].shape)
+    ref = model.compile_logp()(point), model.compile_dlogp()(point)
+    fast = model.compile_logp(mode="NUMBA")(point), model.compile_dlogp(mode="NUMBA")(point)
+    assert fast[0] == pytest.approx(ref[0], rel=1e-12)
+    np.testing.assert_allclose(fast[1], ref[1], rtol=1e-10, atol=1e-10)
+    assert pytensor.config.mode is not None
+
+
+def test_algorithm2_move_inside_parallel_tempering(calibration):
+    from pymc_pnode.chkrebtii import ChkrebtiiReplicaMove
+    from pymc_pnode.sampling import ParallelTempering
+
+    model = _calibration_model(*calibration)
+    with model:
+        move = ChkrebtiiReplicaMove()
+        step = ParallelTempering(n_replicas=3, betas=[1.0, 0.5, 0.25], move=move)
+        idata = pm.sample(draws=800, tune=600, chains=1, step=step, progressbar=False,
+                          random_seed=4, compute_convergence_checks=False)
+    _assert_recovers(idata)
+    with model, pytest.raises(ValueError, match="innovations"):
+        ChkrebtiiReplicaMove(vars=[model["k"]])

@@ -1,0 +1,174 @@
+"""IRLS with isotonic weights (Matsuda & Miyatake): weight update, monotone objective, recovery, CIs."""
+
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+from scipy.optimize import minimize
+
+import pymc_pnode as pn
+from pymc_pnode.classical.irls import irls_fit
+from pymc_pnode.classical.isotonic import isotonic_weights, weight_objective
+from pymc_pnode.classical.profile import CHI2_1_95, profile_intervals
+
+
+def lorenz(y, t, p):
+    return [p[0] * (y[1] - y[0]), y[0] * (p[1] - y[2]) - y[1], y[0] * y[1] - p[2] * y[2]]
+
+
+def fitzhugh_nagumo(y, t, p):
+    # The paper's sign convention: dR/dt = -(V - a + b R) / c.
+    return [p[2] * (y[0] - y[0] ** 3 / 3 + y[1]), -(y[0] - p[0] + p[1] * y[1]) / p[2]]
+
+
+def decay(y, t, p):
+    return [-p[0] * y[0]]
+
+
+@pytest.fixture(scope="module")
+def lorenz_ode():
+    return pn.ODE(lorenz, n_states=3, n_theta=3)
+
+
+@pytest.fixture(scope="module")
+def fhn_ode():
+    return pn.ODE(fitzhugh_nagumo, n_states=2, n_theta=3)
+
+
+def _simulate(ode, y0, theta, times, noise_var, obs_matrix, seed):
+    sol = solve_ivp(lambda t, y: ode.f(y, t, theta), (ode.t0, times[-1]), y0, t_eval=times,
+                    method="DOP853", rtol=1e-12, atol=1e-12)
+    clean = sol.y.T @ np.atleast_2d(obs_matrix).T
+    rng = np.random.default_rng(seed)
+    return clean + np.sqrt(noise_var) * rng.normal(size=clean.shape)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_isotonic_update_equals_constrained_optimisation(seed):
+    rng = np.random.default_rng(seed)
+    n_times, n_obs = 9, 2
+    # Residuals that grow in time with noise, so that some order constraints are active.
+    r = rng.normal(size=(n_times, n_obs)) * np.linspace(0.2, 2.0, n_times)[:, None]
+    gamma2 = np.array([0.3, 0.05])
+    w = isotonic_weights(r, gamma2)
+
+    # Direct constrained optimisation of the same objective over log-weights (w > 0 built in).
+    def objective(u):
+        return weight_objective(np.exp(u).reshape(n_times, n_obs), r)
+
+    cons = []
+    for j in range(n_obs):
+        for k in range(n_times - 1):
+            cons.append({"type": "ineq", "fun": lambda u, k=k, j=j: u[k * n_obs + j] - u[(k + 1) * n_obs + j]})
+        cons.append({"type": "ineq", "fun": lambda u, j=j: -np.log(gamma2[j]) - u[j]})
+    u0 = np.minimum(np.full(n_times * n_obs, -1.0), -np.log(np.tile(gamma2, n_times)))
+    res = minimize(objective, u0, constraints=cons, method="SLSQP",
+                   options={"ftol": 1e-14, "maxiter": 2000})
+    assert res.success
+    w_direct = np.exp(res.x).reshape(n_times, n_obs)
+    assert weight_objective(w, r) <= res.fun + 1e-8
+    np.testing.assert_allclose(w, w_direct, rtol=2e-3)
+    # Feasibility of the closed form.
+    assert np.all(np.diff(w, axis=0) <= 1e-12)
+    assert np.all(w <= 1.0 / gamma2 + 1e-12)
+
+
+def test_irls_decreases_objective_monotonically_on_fitzhugh_nagumo(fhn_ode):
+    times = np.arange(101) * 0.2
+    theta = np.array([0.2, 0.2, 3.0])
+    y0 = np.array([-1.0, -1.0])
+    data = _simulate(fhn_ode, y0, theta, times, 0.01, [[1.0, 0.0]], seed=3)
+    res = irls_fit(fhn_ode, data, times, noise_var=0.01, method="euler", step=0.05,
+                   theta0=[1.0, 1.0, 1.0], y0=y0, fix_y0=True, n_iter=6, obs_matrix=[[1.0, 0.0]])
+    h = res.history
+    assert len(h.objective) == 6
+    # Weight update and parameter update each lower g: g(l-1,l-1) >= g(l-1,l) >= g(l,l).
+    sequence = np.column_stack([h.objective_after_weights, h.objective]).ravel()
+    assert np.all(np.diff(sequence) <= 1e-8 * np.abs(sequence).max())
+    assert h.objective[-1] < h.objective[0]
+    # Fitted variances are monotone in time and the weights capped at 1/noise_var.
+    assert np.all(np.diff(res.error_var[:, 0]) >= 0)
+    assert res.weights.max() <= 100.0 + 1e-9
+    assert np.sum((res.theta - theta) ** 2) < 0.05
+
+
+def test_irls_recovers_lorenz_parameters(lorenz_ode):
+    times = np.arange(101) * 0.01
+    theta = np.array([10.0, 28.0, 8.0 / 3.0])
+    y0 = np.array([-10.0, -1.0, 40.0])
+    noise = np.array([0.5, 0.1, 0.1])
+    data = _simulate(lorenz_ode, y0, theta, times, noise, np.eye(3), seed=11)
+    res = irls_fit(lorenz_ode, data, times, noise_var=noise, method="rk4", step=5e-3,
+                   theta0=[11.0, 29.0, 3.0], y0=[-9.0, -1.5, 39.0], n_iter=4)
+    assert res.converged
+    np.testing.assert_allclose(res.theta, theta, rtol=0.02)
+    np.testing.assert_allclose(res.y0, y0, atol=0.4)
+    assert res.param_names == ["y0[0]", "y0[1]", "y0[2]", "theta[0]", "theta[1]", "theta[2]"]
+    # RK4 at this step is accurate: the weights stay near their caps 1/noise_var early on.
+    np.testing.assert_allclose(res.weights[0], 1.0 / noise, rtol=1e-12)
+
+    base = irls_fit(lorenz_ode, data, times, noise_var=noise, method="rk4", step=5e-3,
+                    theta0=[11.0, 29.0, 3.0], y0=[-9.0, -1.5, 39.0], n_iter=0)
+    assert base.method == "baseline"
+    np.testing.assert_array_equal(base.weights, np.tile(1.0 / noise, (times.size, 1)))
+    np.testing.assert_array_equal(base.error_var, 0.0)
+    np.testing.assert_allclose(base.theta, theta, rtol=0.02)
+
+
+def test_unknown_noise_variant_with_partial_observation(lorenz_ode):
+    # Section 4.1.3/4.1.4 of the paper: x3 unobserved, data on [0.1, 2], noise only bounded below.
+    times = np.arange(10, 201) * 0.01
+    theta = np.array([10.0, 28.0, 8.0 / 3.0])
+    y0 = np.array([-10.0, -1.0, 40.0])
+    h = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    noise = np.array([0.5, 0.1])
+    data = _simulate(lorenz_ode, y0, theta, times, noise, h, seed=5)
+    res = irls_fit(lorenz_ode, data, times, noise_var=1e-3, noise_var_is_lower_bound=True,
+                   method="rk4", step=5e-3, theta0=[11.0, 29.0, 3.0], y0=[-9.0, -1.5, 39.0],
+                   n_iter=4, obs_matrix=h)
+    np.testing.assert_allclose(res.theta, theta, rtol=0.02)
+    assert res.weights.max() <= 1e3 * (1 + 1e-12)
+    # The noise variances are estimated by the first (largest) weights.
+    np.testing.assert_allclose(res.noise_var, 1.0 / res.weights[0])
+    assert np.all(res.error_var >= 0.0) and np.all(np.diff(res.error_var, axis=0) >= -1e-12)
+
+
+def test_profile_intervals_contain_truth():
+    ode = pn.ODE(decay, n_states=1, n_theta=1)
+    times = np.linspace(0.25, 4.0, 16)
+    theta, y0, noise = np.array([0.7]), np.array([2.0]), 0.02**2
+    data = _simulate(ode, y0, theta, times, noise, [[1.0]], seed=7)
+    res = irls_fit(ode, data, times, noise_var=noise, method="heun", step=0.125,
+                   theta0=[1.0], y0=[1.5], n_iter=5)
+    ci = profile_intervals(res)
+    assert ci.names == ["y0[0]", "theta[0]"]
+    assert np.all(ci.contains([2.0, 0.7]))
+    assert np.all(ci.lower < ci.estimate) and np.all(ci.estimate < ci.upper)
+    # The end points are where the profile objective crosses the chi-square threshold.
+    for name, lo, hi in zip(ci.names, ci.lower, ci.upper):
+        values, dg = ci.profiles[name]
+        for end in (lo, hi):
+            near = np.argmin(np.abs(values - end))
+            assert abs(dg[near] - CHI2_1_95) < 0.05
+
+
+def test_bad_input(fhn_ode):
+    times = np.arange(11) * 0.2
+    data = np.zeros((11, 1))
+    kw = dict(method="euler", step=0.05, theta0=[1.0, 1.0, 1.0], y0=[-1.0, -1.0], fix_y0=True,
+              obs_matrix=[[1.0, 0.0]])
+    with pytest.raises(ValueError, match="noise_var"):
+        irls_fit(fhn_ode, data, times, noise_var=-0.01, **kw)
+    with pytest.raises(ValueError, match="noise_var"):
+        irls_fit(fhn_ode, data, times, noise_var=0.0, **kw)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        irls_fit(fhn_ode, data, times[::-1], noise_var=0.01, **kw)
+    with pytest.raises(ValueError, match="larger than the observation spacing"):
+        irls_fit(fhn_ode, data, times, noise_var=0.01, **{**kw, "step": 0.5})
+    with pytest.raises(ValueError, match="data"):
+        irls_fit(fhn_ode, np.zeros((10, 1)), times, noise_var=0.01, **kw)
+    with pytest.raises(ValueError, match="n_iter"):
+        irls_fit(fhn_ode, data, times, noise_var=0.01, n_iter=-1, **kw)
+    with pytest.raises(ValueError, match="obs_matrix"):
+        irls_fit(fhn_ode, data, times, noise_var=0.01, **{**kw, "obs_matrix": [[1.0, 0.0, 0.0]]})
+    with pytest.raises(ValueError, match="residuals"):
+        isotonic_weights(np.zeros((2, 2, 2)), 1.0)
