@@ -35,6 +35,7 @@ _LAZY = {
     "ChkrebtiiSolution": "pymc_pnode.chkrebtii",
     "ChkrebtiiMetropolis": "pymc_pnode.chkrebtii",
     "DelayODE": "pymc_pnode.chkrebtii",
+    "ChkrebtiiReplicaMove": "pymc_pnode.chkrebtii",
 }
 
 _SUBPACKAGES = {"baselines", "classical", "chkrebtii", "sampling", "likelihoods"}

@@ -177,6 +177,25 @@ def test_diffusion_ladder_uses_current_value_as_cold() -> None:
         diffusion_ladder(pytensor.shared(np.int64(1)), hot=1e3, n_replicas=3)
 
 
+def test_ladder_stats_report_scalar_shared_variables() -> None:
+    """Scalar laddered variables get a ``ladder_<name>`` statistic; vectors are skipped."""
+    noise = pytensor.shared(1.0, name="noise")
+    unnamed = pytensor.shared(0.0)
+    shift = pytensor.shared(np.zeros(2), name="shift")
+    with pm.Model():
+        a = pm.Normal("a", 0.0, 1.0, shape=2)
+        pm.Normal("obs", a + shift + unnamed, noise, observed=[0.0, 1.0])
+        step = ParallelTempering(
+            shared_ladder={noise: [1.0, 2.0, 4.0], unnamed: [0.0, 0.5, 1.0],
+                           shift: [np.zeros(2), np.ones(2), 2 * np.ones(2)]},
+        )
+    assert set(step._ladder_stats) == {"ladder_noise", "ladder_shared1"}
+    _, stats = step.step({"a": np.zeros(2)})
+    np.testing.assert_array_equal(stats[0]["ladder_noise"], [1.0, 2.0, 4.0])
+    np.testing.assert_array_equal(stats[0]["ladder_shared1"], [0.0, 0.5, 1.0])
+    assert "ladder_shift" not in stats[0]
+
+
 def test_replica_terms_are_fenrir_at_laddered_diffusion(
     pendulum_ode: pn.ODE, pendulum_data: np.ndarray
 ) -> None:
@@ -229,7 +248,7 @@ def test_diffusion_ladder_samples_cold_fenrir_posterior(
     kappa = pytensor.shared(KAPPA_COLD, name="kappa")
     model = _build_model(pendulum_ode, pendulum_data, kappa)
     idata = sample_pt(
-        draws=700,
+        draws=600,
         tune=200,
         chains=1,
         cores=1,
@@ -259,7 +278,7 @@ def test_diffusion_ladder_samples_cold_fenrir_posterior(
     low = omega < MODE_SPLIT
     # The cold chain changes mode about once per cold -> hot -> cold round trip,
     # so the mode indicator has an ESS of roughly the number of round trips
-    # (~85 here; >= 40 asserted): the sd of the weight estimate is <= 0.075
+    # (~70 here; >= 40 asserted): the sd of the weight estimate is <= 0.075
     # and 0.15 is 2-3 sd.  A chain stuck in its starting mode gives 0.
     assert abs(float(low.mean()) - ref["p_low"]) < 0.15, (low.mean(), ref)
     assert abs(float(omega.mean()) - ref["mean"]) < 0.15 * (4.28 - 2.03), (omega.mean(), ref)
