@@ -60,22 +60,25 @@ def make_data(t_last: float = 20.0, spacing: float = 0.1, t_first: float = 1.0, 
     return times, truth, data
 
 
-def pack(theta, y0, log_kappa):
-    return np.concatenate([np.log(theta), y0, [log_kappa]])
+def pack(theta, y0, log_kappa, log_theta: bool = True):
+    theta = np.log(theta) if log_theta else np.asarray(theta, float)
+    return np.concatenate([theta, y0, [log_kappa]])
 
 
-def unpack(u):
+def unpack(u, log_theta: bool = True):
     u = np.asarray(u, float)
-    return np.exp(u[:3]), u[3:5], float(u[5])
+    return (np.exp(u[:3]) if log_theta else u[:3]), u[3:5], float(u[5])
 
 
 class FenrirObjective:
     """Fenrir log-likelihood of ``u`` and its exact gradient (one compiled PyTensor function)."""
 
-    def __init__(self, times, data, step: float = 0.01, order: int = 3):
+    def __init__(self, times, data, step: float = 0.01, order: int = 3, log_theta: bool = True):
         self.times, self.data, self.step = times, data, step
+        self.log_theta = log_theta
         u = pt.vector("u")
-        ll = pn.fenrir_loglik(ODE, u[3:5], pt.exp(u[:3]), times, data, obs_matrix=[[1.0, 0.0]],
+        theta = pt.exp(u[:3]) if log_theta else u[:3]
+        ll = pn.fenrir_loglik(ODE, u[3:5], theta, times, data, obs_matrix=[[1.0, 0.0]],
                               obs_sigma=OBS_SIGMA, diffusion=pt.exp(u[5]),
                               solver=pn.EK1(order=order), step=step)
         self._fn = pytensor.function([u], [ll, pytensor.grad(ll, u)])
@@ -98,7 +101,7 @@ class _Stop(Exception):
 
 
 def maximise(obj: FenrirObjective, u0, *, free=None, ftol=1e-12, gtol=1e-6, maxiter=2000,
-             f_abstol=None, early_stop=None, max_restarts=10):
+             f_abstol=None, early_stop=None, max_restarts=10, method="L-BFGS-B"):
     """Maximise the Fenrir log-likelihood over the coordinates ``free`` of ``u`` (L-BFGS-B,
     unbounded, exact gradients); the others stay at ``u0``.
 
@@ -153,8 +156,12 @@ def maximise(obj: FenrirObjective, u0, *, free=None, ftol=1e-12, gtol=1e-6, maxi
                 raise _Stop("early stopping")
 
         try:
-            res = minimize(scaled, np.zeros_like(ref), jac=True, method="L-BFGS-B", callback=callback,
-                           options=dict(ftol=ftol, gtol=gtol * sc, maxiter=maxiter - nit, maxcor=20))
+            if method == "L-BFGS-B":
+                options = dict(ftol=ftol, gtol=gtol * sc, maxiter=maxiter - nit, maxcor=20)
+            else:  # BFGS: strong-Wolfe line search, gradient-norm test only
+                options = dict(gtol=gtol * sc, maxiter=maxiter - nit)
+            res = minimize(scaled, np.zeros_like(ref), jac=True, method=method, callback=callback,
+                           options=options)
             x, message = ref + sc * res.x, str(res.message)
             nit += int(res.nit)
         except _Stop as stop:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -24,6 +24,12 @@ from pymc_pnode.priors import IWP
 __all__ = ["EK0", "EK1", "ProbabilisticSolution", "solve"]
 
 
+@lru_cache(maxsize=None)
+def _iwp(order: int) -> IWP:
+    # The exact rational factorisation of Q̄ costs milliseconds: build each order once.
+    return IWP(order)
+
+
 @dataclass(frozen=True)
 class _ODEFilter:
     order: int = 3
@@ -34,7 +40,7 @@ class _ODEFilter:
 
     @property
     def prior(self) -> IWP:
-        return IWP(self.order)
+        return _iwp(self.order)
 
 
 @dataclass(frozen=True)

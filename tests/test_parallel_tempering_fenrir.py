@@ -72,7 +72,7 @@ def pendulum_data() -> np.ndarray:
     return _simulate_data()
 
 
-def _fenrir_kwargs(data: np.ndarray) -> dict:
+def _fenrir_kwargs() -> dict:
     return {
         "times": TIMES,
         "obs_matrix": [[1.0, 0.0]],
@@ -87,7 +87,7 @@ def _build_model(ode: pn.ODE, data: np.ndarray, kappa) -> pm.Model:
         omega = pm.TruncatedNormal("omega", **PRIOR)
         pn.Fenrir(
             "angle", ode, y0=Y0, theta=omega[None], observed=data, diffusion=kappa,
-            **_fenrir_kwargs(data),
+            **_fenrir_kwargs(),
         )
     return model
 
@@ -105,7 +105,7 @@ def _quadrature(
     theta = pt.dvector("theta")
     loglik = pytensor.function(
         [theta],
-        pn.fenrir_loglik(ode, Y0, theta, data=data, diffusion=kappa, **_fenrir_kwargs(data)),
+        pn.fenrir_loglik(ode, Y0, theta, data=data, diffusion=kappa, **_fenrir_kwargs()),
     )
     a = (PRIOR["lower"] - PRIOR["mu"]) / PRIOR["sigma"]
     b = (PRIOR["upper"] - PRIOR["mu"]) / PRIOR["sigma"]
@@ -214,7 +214,7 @@ def test_replica_terms_are_fenrir_at_laddered_diffusion(
         [theta, kappa_in],
         pn.fenrir_loglik(
             pendulum_ode, Y0, theta, data=pendulum_data, diffusion=kappa_in,
-            **_fenrir_kwargs(pendulum_data),
+            **_fenrir_kwargs(),
         ),
     )
     omega = 4.2
