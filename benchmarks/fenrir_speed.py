@@ -339,8 +339,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=20240521)
     parser.add_argument("--no-peer", action="store_true", help="skip probdiffeq even if installed")
     parser.add_argument("--nuts", action="store_true", help="also run short NUTS comparisons (minutes)")
+    parser.add_argument("--skip-timing", action="store_true", help="only the NUTS comparison")
     parser.add_argument("--nuts-step", type=float, default=0.05)
-    parser.add_argument("--nuts-numba", action="store_true", help="add a Fenrir NUTS run in mode=NUMBA")
+    parser.add_argument("--samplers", nargs="+", default=["fenrir", "pm-ode", "blackjax"],
+                        choices=["fenrir", "fenrir-numba", "pm-ode", "blackjax"])
+    parser.add_argument("--ode-tune", type=int, help="tune steps for pm.ode (default: --tune)")
+    parser.add_argument("--ode-draws", type=int, help="draws for pm.ode (default: --draws)")
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--tune", type=int, default=300)
     parser.add_argument("--draws", type=int, default=300)
@@ -357,12 +361,13 @@ def main() -> None:
         print(f"peer: jax {peer[0].__version__}, probdiffeq {probdiffeq.__version__} (CPU, float64)")
     data = simulate_data(args.seed)
 
-    rows = timing_table(data, args.steps, args.repeats, peer)
+    rows = [] if args.skip_timing else timing_table(data, args.steps, args.repeats, peer)
     print(f"\nFenrir log-likelihood, FitzHugh–Nagumo, {TIMES.size} observations of y1, IWP({ORDER}), EK1; "
           f"median of {args.repeats} calls; gradient with respect to y0, theta, sigma. Load average at "
           f"end: {load_avg()}\n")
-    print("| step | steps | implementation | logp [ms] | logp+grad [ms] | first call [s] | logp | "
-          "grad vs central diff. (rel.) |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    if rows:
+        print("| step | steps | implementation | logp [ms] | logp+grad [ms] | first call [s] | logp | "
+              "grad vs central diff. (rel.) |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for step, n, label, t_val, t_grad, first, value, err in rows:
         print(f"| {step} | {n} | {label} | {t_val:.2f} | {t_grad:.2f} | {first:.1f} | {value:.6f} | "
               f"{err:.1e} |")
@@ -371,15 +376,24 @@ def main() -> None:
         return
     print(f"\nNUTS: {args.chains} chains × ({args.tune} tune + {args.draws} draws), one after another; "
           f"step {args.nuts_step}", flush=True)
-    results = [("pymc_pnode Fenrir, pm.sample", run_pymc_nuts("fenrir", data, args.nuts_step, args))]
-    if args.nuts_numba:
+    results = []
+    if "fenrir" in args.samplers:
+        results.append(("pymc_pnode Fenrir, pm.sample", run_pymc_nuts("fenrir", data, args.nuts_step, args)))
+    if "fenrir-numba" in args.samplers:
         results.append(("pymc_pnode Fenrir, pm.sample (mode=\"NUMBA\")",
                         run_pymc_nuts("fenrir", data, args.nuts_step, args, mode="NUMBA")))
-    results.append(("pm.ode.DifferentialEquation, pm.sample", run_pymc_nuts("ode", data, args.nuts_step, args)))
-    if peer is not None:
-        bj = run_blackjax_nuts(peer, data, args.nuts_step, args)
-        if bj is not None:
-            results.append(("probdiffeq + BlackJAX NUTS", bj))
+    if "pm-ode" in args.samplers:
+        ode_args = argparse.Namespace(**{**vars(args), "tune": args.ode_tune or args.tune,
+                                         "draws": args.ode_draws or args.draws})
+        results.append((f"pm.ode.DifferentialEquation, pm.sample ({ode_args.tune} + {ode_args.draws})",
+                        run_pymc_nuts("ode", data, args.nuts_step, ode_args)))
+    if "blackjax" in args.samplers:
+        if peer is None:
+            print("probdiffeq + BlackJAX row skipped: probdiffeq is not installed")
+        else:
+            bj = run_blackjax_nuts(peer, data, args.nuts_step, args)
+            if bj is not None:
+                results.append(("probdiffeq + BlackJAX NUTS", bj))
     print("\n| sampler | min bulk ESS | sampling time [s] | ESS/s | wall incl. compile [s] | divergences | "
           "posterior means | load average |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, r in results:

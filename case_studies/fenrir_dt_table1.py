@@ -236,12 +236,9 @@ def run_tempering(key: str, theta0, early_stopping: bool = True) -> dict:
 
         if last:  # the last stage runs to full tolerance (abstol 1e-9, reltol 1e-6)
             x_new, loss_new, nit = _lbfgsb(fun, _bump(x), ftol=1e-6, gtol=1e-8, maxiter=1000)
-        elif early_stopping:  # OURS+: abstol = reltol = 0.1 and the 3-iteration early stop
-            x_new, loss_new, nit = _lbfgsb(fun, _bump(x), ftol=1e-1, gtol=1e-8, maxiter=1000,
-                                           f_abstol=1e-1, early_stop=1e-1)
-        else:  # OURS: intermediate stages with abstol 1e-6, reltol 1e-3
+        else:  # intermediate stages: abstol 1e-6, reltol 1e-3; OURS+ adds the early stop
             x_new, loss_new, nit = _lbfgsb(fun, _bump(x), ftol=1e-3, gtol=1e-8, maxiter=1000,
-                                           f_abstol=1e-6)
+                                           f_abstol=1e-6, early_stop=0.1 if early_stopping else None)
         nit_total += nit
         if loss_new < FAILED:  # keep the previous point if the stage diverged
             x, loss = x_new, loss_new
@@ -274,7 +271,8 @@ def metrics(key: str, theta_hat) -> dict:
     est = reference_solution(key, theta_hat, obj.times) @ spec["H"].T
     truth = obj.truth @ spec["H"].T
     trmse = float(np.sqrt(np.sum((est - truth) ** 2) / truth.shape[0]))
-    return dict(pRMSE=prmse, CONV=prmse < 0.05, N_theta=int(np.sum(np.abs(rel) < 0.1)), tRMSE=trmse)
+    return dict(pRMSE=prmse, CONV=prmse < 0.05, N_theta=int(np.sum(np.abs(rel) < 0.1)), tRMSE=trmse,
+                fitted=est[:, 0])
 
 
 def run_task(task):
@@ -293,5 +291,35 @@ def run_task(task):
     if np.all(np.isfinite(rec["theta"])):
         rec.update(metrics(key, rec["theta"]))
     else:
-        rec.update(pRMSE=np.nan, CONV=False, N_theta=0, tRMSE=np.nan)
+        rec.update(pRMSE=np.nan, CONV=False, N_theta=0, tRMSE=np.nan, fitted=None)
+    rec["linalg_errors"] = objective(key).n_linalg_errors
     return rec
+
+
+def run_budgeted(key: str, starts, methods, budget_s: float, processes: int = 2, progress=None):
+    """Run every method from every start in a process pool until ``budget_s`` seconds have
+    passed; returns the records of the starts for which all methods finished (in start order)."""
+    import multiprocessing as mp
+
+    tasks = [(key, m, i, s) for i, s in enumerate(starts) for m in methods]
+    records, deadline = [], time.perf_counter() + budget_s
+    pool = mp.get_context("spawn").Pool(processes)
+    try:
+        results = pool.imap(run_task, tasks)  # in order; the workers run ahead in parallel
+        for _ in tasks:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                break
+            try:
+                records.append(results.next(timeout=remaining))
+            except mp.TimeoutError:
+                break
+            if progress is not None:
+                progress.update(1)
+    finally:
+        pool.terminate()
+        pool.join()
+    done = {}
+    for r in records:
+        done.setdefault(r["start"], []).append(r)
+    return [r for i in sorted(done) if len(done[i]) == len(methods) for r in done[i]]

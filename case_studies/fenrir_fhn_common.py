@@ -191,8 +191,9 @@ def tempering(obj: FenrirObjective, u0, schedule, *, early_stopping=True, progre
     """Diffusion tempering (notes 002 §10.2) over ``log κ``: for each κ of ``schedule`` maximise
     over ``(log a, log b, log c, y0)`` with κ fixed, warm-started at the previous optimum.
 
-    Intermediate stages use the loose "OURS+" settings (relative and absolute tolerance 0.1 and
-    the 3-iteration early stop) when ``early_stopping``; the last stage runs to full tolerance.
+    Intermediate stages stop at absolute/relative tolerances 1e-6/1e-3 (notes 002 §10.2) and, when
+    ``early_stopping`` ("OURS+"), once the log-likelihood changed by less than 0.1 in each of 3
+    consecutive iterations; the last stage runs to full tolerance.
     """
     u = np.asarray(u0, float).copy()
     stages = []
@@ -201,11 +202,9 @@ def tempering(obj: FenrirObjective, u0, schedule, *, early_stopping=True, progre
         last = i == len(schedule) - 1
         if last:
             r = maximise(obj, u, free=np.arange(5), ftol=1e-12, gtol=1e-6)
-        elif early_stopping:
-            r = maximise(obj, u, free=np.arange(5), ftol=1e-1, gtol=1e-6, f_abstol=0.1,
-                         early_stop=0.1)
-        else:
-            r = maximise(obj, u, free=np.arange(5), ftol=1e-3, gtol=1e-6, f_abstol=1e-6)
+        else:  # intermediate stages: abstol 1e-6, reltol 1e-3 (+ the OURS+ early stop)
+            r = maximise(obj, u, free=np.arange(5), ftol=1e-3, gtol=1e-6, f_abstol=1e-6,
+                         early_stop=0.1 if early_stopping else None)
         if np.isfinite(r["loglik"]) and r["loglik"] > -FAILED / 2:
             u = r["u"]
         stages.append(dict(kappa=kappa, u=u.copy(), loglik=r["loglik"], iterations=r["iterations"],
