@@ -303,6 +303,10 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, rng, size)
     """
     ode = problem.ode
     rng = np.random.default_rng(rng)
+    # PyMC broadcasts the parameters with leading unit dims over the time batch: drop them.
+    y0 = np.asarray(y0, dtype=np.float64).reshape(ode.n_states)
+    theta = np.asarray(theta, dtype=np.float64).reshape(ode.n_theta)
+    kappa = np.asarray(kappa, dtype=np.float64).reshape(())
     n_obs, m = problem.missing.shape
     batch = (n_obs,) if size is None else tuple(np.atleast_1d(size))
     n = int(np.prod(batch[:-1])) if len(batch) > 1 else 1
