@@ -223,3 +223,26 @@ def test_numba_mode_matches_default_backend(fhn_ode):
     default_fn = pytensor.function([theta, kappa], outs)
     for a, b in zip(numba_fn([0.2, 0.2, 3.0], 2.0), default_fn([0.2, 0.2, 3.0], 2.0)):
         assert np.allclose(a, b, rtol=1e-12)
+
+
+def test_logp_and_gradient_share_one_solver_pass(fhn_ode, rng):
+    times = np.arange(0.5, 2.01, 0.5)
+    _, data = _fhn_data(fhn_ode, times, 0.1, rng)
+    theta = pt.vector("theta")
+    kw = dict(obs_matrix=[[1.0, 0.0]], obs_sigma=0.1, diffusion=1.0, step=0.1)
+    terms = pn.fenrir_loglik(fhn_ode, [-1.0, 1.0], theta, times, data, pointwise=True, **kw)
+    value = terms.sum()
+    fn = pytensor.function([theta], [value, pytensor.grad(value, theta)])
+    names = [str(node.op) for node in fn.maker.fgraph.toposort()]
+    assert names.count("FenrirVJPOp") == 1 and "FenrirOp" not in names
+    # A cotangent that depends on the terms themselves cannot reuse them: the rewrite must step aside.
+    soft = pt.logsumexp(terms)
+    fn_soft = pytensor.function([theta], [soft, pytensor.grad(soft, theta)])
+    th0 = np.array([0.2, 0.2, 3.0])
+    v, g = fn_soft(th0)
+    t = pytensor.function([theta], terms)(th0)
+    weights = np.exp(t - v)
+    fd = np.array([(pytensor.function([theta], soft)(th0 + e) - pytensor.function([theta], soft)(th0 - e)) / 2e-6
+                   for e in 1e-6 * np.eye(3)])
+    np.testing.assert_allclose(g, fd, rtol=1e-5)
+    assert np.isclose(weights.sum(), 1.0)

@@ -1,4 +1,4 @@
-"""Fenrir marginal likelihood kernel with exact forward-mode gradients (notes 002 §9.2–9.3).
+"""Fenrir marginal likelihood kernel with an exact reverse-mode gradient (notes 002 §9.2–9.3).
 
 1. An EK0/EK1 ODE filter with fixed diffusion ``κ`` and exact initialisation runs forward over a
    grid that contains every observation time.
@@ -6,10 +6,16 @@
    posterior, conditioning on the data; the prediction-error decomposition gives one
    log-likelihood term per observation time.
 
-Values use square-root (QR) forms throughout. Tangents for the handful of inputs
-(``y0``, ``θ``, noise scales, ``κ``) are propagated in covariance form, computed from the stable
-square-root values; this avoids differentiating QR (whose R-factor derivative needs an invertible R,
-while the filter posterior after a noiseless update is singular; DESIGN.md).
+Values use square-root (QR) forms throughout. The gradient of ``cotangent · terms`` is one reverse
+sweep: the adjoint of the backward Kalman filter runs forward in time and deposits adjoints on the
+ODE filter's posterior means and covariances; the ODE filter's adjoint then runs backward. Adjoints
+are carried for *covariances*, computed from the stored square roots, so no QR factor is
+differentiated (its derivative needs an invertible R; the posterior after a noiseless ODE update
+is singular). The adjoint of a Kalman update is written in Joseph-type form ``Σ̄⁻ = Bᵀ Σ̄⁺ B + …``
+with ``B = I − K H``.
+
+(A forward-only alternative, ``log p(y | z) = log p(y, z) − log p(z)`` with two forward filters, is
+cheaper but cancels catastrophically when ``κ`` is small: both evidences grow like ``1/κ``.)
 """
 
 from __future__ import annotations
@@ -22,10 +28,9 @@ import numpy as np
 from pymc_pnode._codegen import MAT_FN, TEN2_FN, TEN_FN, VEC_FN
 from pymc_pnode.filtering.linalg import (
     all_finite,
-    matmul,
-    matmul_nt,
-    sandwich,
+    cholesky_inplace,
     solve_lower_from_upper_t,
+    solve_upper,
     tria_inplace,
 )
 from pymc_pnode.filtering.odefilter import (
@@ -43,33 +48,357 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 
 @nb.njit(**_JIT)
-def _transition_matrices(h, q, d, rq):
-    """Dense ``A(h)`` and unit-diffusion ``Q(h)`` (derivative-major, ``⊗ I_d``)."""
+def _predict_sqrt(a, tvec, sqrt_kappa, rq, q, d, mu, r, mu_out, r_out, m_pred):
+    """``μ⁻ = A μ`` and the upper-triangular root of ``A Σ Aᵀ + κ Q``."""
     dd = (q + 1) * d
-    a = np.empty(q + 1)
-    tvec = np.empty(q + 1)
-    transition_coefficients(h, q, a)
-    preconditioner(h, q, tvec)
-    amat = np.zeros((dd, dd))
-    qmat = np.zeros((dd, dd))
+    apply_transition(a, q, d, mu, mu_out)
+    fill_transition_rows(r, a, q, d, m_pred, 0, 0)
+    fill_process_noise(rq, tvec, sqrt_kappa, q, d, m_pred, dd, 0)
+    tria_inplace(m_pred, 2 * dd, dd)
+    for i in range(dd):
+        for j in range(dd):
+            r_out[i, j] = m_pred[i, j]
+
+
+@nb.njit(**_JIT)
+def _half_logdet_upper(m, n):
+    s = 0.0
+    for k in range(n):
+        s += math.log(abs(m[k, k]))
+    return s
+
+
+@nb.njit(**_JIT)
+def _data_update_sqrt(mean, root, cmat, idx, mo, yrow, sigma, mm, wv, mean_out, root_out, resid):
+    """Condition ``N(mean, rootᵀ root)`` on ``y = C x + N(0, diag σ²)`` (observed rows ``idx[:mo]``).
+
+    Returns the log-density of the observation; ``resid`` receives ``C x̄ − y``.
+    """
+    dd = mean.shape[0]
+    d = cmat.shape[1]
+    mm[:, :] = 0.0
+    for r in range(mo):
+        s = -yrow[idx[r]]
+        for c in range(d):
+            s += cmat[idx[r], c] * mean[c]
+        resid[r] = s
+    for row in range(dd):
+        for r in range(mo):
+            s = 0.0
+            for c in range(d):
+                s += root[row, c] * cmat[idx[r], c]
+            mm[row, r] = s
+        for c in range(dd):
+            mm[row, mo + c] = root[row, c]
+    for r in range(mo):
+        mm[dd + r, r] = sigma[idx[r]]
+    tria_inplace(mm, dd + mo, mo + dd)
+    solve_lower_from_upper_t(mm, mo, resid, wv)
+    quad = 0.0
+    for r in range(mo):
+        quad += wv[r] * wv[r]
+    for c in range(dd):
+        s = 0.0
+        for r in range(mo):
+            s += mm[r, mo + c] * wv[r]
+        mean_out[c] = mean[c] - s
+    for row in range(dd):
+        for c in range(dd):
+            root_out[row, c] = mm[mo + row, mo + c]
+    return -0.5 * quad - _half_logdet_upper(mm, mo) - 0.5 * mo * _LOG_2PI
+
+
+@nb.njit(**_JIT)
+def _gram_upper(r, out):
+    """``out = rᵀ r`` for an upper-triangular ``r``."""
+    n = r.shape[0]
+    for i in range(n):
+        for j in range(i, n):
+            s = 0.0
+            for k in range(i + 1):
+                s += r[k, i] * r[k, j]
+            out[i, j] = s
+            out[j, i] = s
+
+
+@nb.njit(**_JIT)
+def _at_x_a(a, q, d, x, work, out):
+    """``out = Aᵀ X A`` for the IWP transition ``A = Ã ⊗ I_d`` with ``Ã_ij = a[j − i]`` (j ≥ i)."""
+    dd = (q + 1) * d
+    for i in range(q + 1):
+        for k in range(d):
+            for c in range(dd):
+                s = 0.0
+                for ip in range(i + 1):
+                    s += a[i - ip] * x[ip * d + k, c]
+                work[i * d + k, c] = s
+    for row in range(dd):
+        for j in range(q + 1):
+            for k in range(d):
+                s = 0.0
+                for jp in range(j + 1):
+                    s += work[row, jp * d + k] * a[j - jp]
+                out[row, j * d + k] = s
+
+
+@nb.njit(**_JIT)
+def _at_v(a, q, d, v, out):
+    """``out = Aᵀ v``."""
+    for i in range(q + 1):
+        for k in range(d):
+            s = 0.0
+            for ip in range(i + 1):
+                s += a[i - ip] * v[ip * d + k]
+            out[i * d + k] = s
+
+
+@nb.njit(**_JIT)
+def _noise_inner(x, rq, tvec, q, d):
+    """``⟨X, Q(h)⟩`` for the unit-diffusion process noise ``Q = (T Q̄ T) ⊗ I_d``."""
+    s = 0.0
     for i in range(q + 1):
         for j in range(q + 1):
-            s = 0.0
+            qij = 0.0
             for r in range(q + 1):
-                s += rq[r, i] * rq[r, j]
-            s *= tvec[i] * tvec[j]
+                qij += rq[r, i] * rq[r, j]
+            qij *= tvec[i] * tvec[j]
+            tr = 0.0
             for k in range(d):
-                if j >= i:
-                    amat[i * d + k, j * d + k] = a[j - i]
-                qmat[i * d + k, j * d + k] = s
-    return amat, qmat
+                tr += x[i * d + k, j * d + k]
+            s += qij * tr
+    return s
+
+
+@nb.njit(**_JIT)
+def _spd_inverse(s, n, inv, work):
+    """``inv[:n, :n] = s[:n, :n]⁻¹`` by Cholesky; False if not positive definite."""
+    for i in range(n):
+        for j in range(n):
+            work[i, j] = s[i, j]
+    if not cholesky_inplace(work, n):
+        return False
+    # inv = L⁻ᵀ L⁻¹, column by column
+    for col in range(n):
+        for i in range(n):
+            v = 1.0 if i == col else 0.0
+            for k in range(i):
+                v -= work[i, k] * inv[k, col]
+            inv[i, col] = v / work[i, i]
+        for i in range(n - 1, -1, -1):
+            v = inv[i, col]
+            for k in range(i + 1, n):
+                v -= work[k, i] * inv[k, col]
+            inv[i, col] = v / work[i, i]
+    return True
+
+
+@nb.njit(**_JIT)
+def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hbar, rbar, sdiag, wk, wm, wv):
+    """Adjoint of ``μ⁺ = μ⁻ − K r``, ``Σ⁺ = Σ⁻ − K S Kᵀ`` and ``w · log N(r; 0, S)``.
+
+    ``S = H Σ⁻ Hᵀ + diag(nv)``, ``K = Σ⁻ Hᵀ S⁻¹``, residual ``r = H μ⁻ + c``. On entry ``mbar``,
+    ``sbar`` (symmetric) hold the adjoints of ``μ⁺, Σ⁺``; on exit those of ``μ⁻, Σ⁻``. Outputs:
+    ``rbar`` (adjoint of ``r``, i.e. of ``c``), ``sdiag`` (diagonal of ``S̄``, for the noise) and, if
+    ``want_h``, ``hbar`` (adjoint of ``H``; needs ``spost = Σ⁺``). Returns False if ``S`` is singular.
+    Work arrays: ``wk`` (4, D, m), ``wm`` (4, m, m), ``wv`` (4, D).
+    """
+    dd = sp.shape[0]
+    u, kg, t1, mh_t = wk[0], wk[1], wk[2], wk[3]
+    smat, sinv, mmat, work = wm[0], wm[1], wm[2], wm[3]
+    bm, v, alpha_d, kr = wv[0], wv[1], wv[2], wv[3]
+    # U = Σ⁻ Hᵀ, S = H U + R
+    for a_ in range(dd):
+        for i in range(mo):
+            s = 0.0
+            for b in range(dd):
+                s += sp[a_, b] * hm[i, b]
+            u[a_, i] = s
+    for i in range(mo):
+        for j in range(mo):
+            s = nv[i] if i == j else 0.0
+            for b in range(dd):
+                s += hm[i, b] * u[b, j]
+            smat[i, j] = s
+    if not _spd_inverse(smat, mo, sinv, work):
+        return False
+    alpha = alpha_d  # first mo entries used
+    for i in range(mo):
+        s = 0.0
+        for j in range(mo):
+            s += sinv[i, j] * r[j]
+        alpha[i] = s
+    for a_ in range(dd):
+        for j in range(mo):
+            s = 0.0
+            for i in range(mo):
+                s += u[a_, i] * sinv[i, j]
+            kg[a_, j] = s
+    # km = Kᵀ μ̄⁺ (kept in rbar for now), v = Hᵀ α, T1 = Σ̄⁺ K
+    for i in range(mo):
+        s = 0.0
+        for a_ in range(dd):
+            s += kg[a_, i] * mbar[a_]
+        rbar[i] = s
+    for b in range(dd):
+        s = 0.0
+        for i in range(mo):
+            s += hm[i, b] * alpha[i]
+        v[b] = s
+    for a_ in range(dd):
+        for j in range(mo):
+            s = 0.0
+            for b in range(dd):
+                s += sbar[a_, b] * kg[b, j]
+            t1[a_, j] = s
+    # KᵀΣ̄⁺K and M = ½ w (ααᵀ − S⁻¹) + KᵀΣ̄⁺K; S̄ = M + sym(km αᵀ)
+    for i in range(mo):
+        for j in range(mo):
+            s = 0.0
+            for a_ in range(dd):
+                s += kg[a_, i] * t1[a_, j]
+            mmat[i, j] = 0.5 * w * (alpha[i] * alpha[j] - sinv[i, j]) + s
+    for i in range(mo):
+        sdiag[i] = mmat[i, i] + rbar[i] * alpha[i]
+    # B^T μ̄⁺ = μ̄⁺ − Hᵀ km
+    for b in range(dd):
+        s = mbar[b]
+        for i in range(mo):
+            s -= hm[i, b] * rbar[i]
+        bm[b] = s
+    if want_h:
+        # H̄ = −2 (Σ̄⁺K)ᵀ Σ⁺ − α (Σ⁺ μ̄⁺)ᵀ + w (ααᵀ − S⁻¹) Uᵀ + km (K r)ᵀ + r̄ μ⁻ᵀ, r̄ = −w α − km
+        for a_ in range(dd):
+            s = 0.0
+            for i in range(mo):
+                s += kg[a_, i] * r[i]
+            kr[a_] = s
+        for b in range(dd):
+            s = 0.0
+            for c in range(dd):
+                s += spost[b, c] * mbar[c]
+            work_b = s
+            for i in range(mo):
+                acc = -alpha[i] * work_b + rbar[i] * kr[b] + (-w * alpha[i] - rbar[i]) * mu_pred[b]
+                s2 = 0.0
+                for c in range(dd):
+                    s2 += t1[c, i] * spost[c, b]
+                acc -= 2.0 * s2
+                s3 = 0.0
+                for j in range(mo):
+                    s3 += (alpha[i] * alpha[j] - sinv[i, j]) * u[b, j]
+                acc += w * s3
+                hbar[i, b] = acc
+    # Σ̄⁻ = Σ̄⁺ − T1 H − Hᵀ T1ᵀ + Hᵀ M H − ½ (bm vᵀ + v bmᵀ)   (in place, symmetric)
+    for b in range(dd):
+        for i in range(mo):
+            s = 0.0
+            for j in range(mo):
+                s += mmat[i, j] * hm[j, b]
+            mh_t[b, i] = s
+    for a_ in range(dd):
+        for b in range(a_, dd):
+            s = sbar[a_, b] - 0.5 * (bm[a_] * v[b] + v[a_] * bm[b])
+            for i in range(mo):
+                s += hm[i, a_] * (mh_t[b, i] - t1[b, i]) - t1[a_, i] * hm[i, b]
+            sbar[a_, b] = s
+            sbar[b, a_] = s
+    for b in range(dd):
+        mbar[b] = bm[b] - w * v[b]
+    for i in range(mo):
+        rbar[i] = -w * alpha[i] - rbar[i]
+    return True
+
+
+@nb.njit(**_JIT)
+def _rts_adjoint(g, r_pred, sig_pred, mu_pred, m_next, sig_next, a, q, d, mbar, sbar, inj_mu, inj_sig,
+                 gbar, ymat, work, tmp_a, tmp_b):
+    """Adjoint of one backward step ``m = μ + G (m⁺ − μ⁻)``, ``P = Σ + G (P⁺ − Σ⁻) Gᵀ``.
+
+    ``G = Σ Aᵀ (Σ⁻)⁻¹`` with ``Σ⁻ = r_predᵀ r_pred = A Σ Aᵀ + κ Q``. On entry ``mbar, sbar`` are the
+    adjoints of ``(m, P)``; on exit those of ``(m⁺, P⁺)``. The adjoints with respect to the ODE
+    filter's ``(μ, Σ)`` are added to ``inj_mu, inj_sig`` (those through ``μ⁻ = A μ`` and
+    ``Σ⁻`` already mapped back by ``A``); ``work`` receives ``Σ̄⁻`` (for the κ adjoint).
+    """
+    dd = g.shape[0]
+    # Ḡ = m̄ (m⁺ − μ⁻)ᵀ + 2 P̄ G (P⁺ − Σ⁻)
+    for i in range(dd):
+        for j in range(dd):
+            s = 0.0
+            for k in range(dd):
+                s += sbar[i, k] * g[k, j]
+            work[i, j] = s
+    for i in range(dd):
+        for j in range(dd):
+            s = mbar[i] * (m_next[j] - mu_pred[j])
+            acc = 0.0
+            for k in range(dd):
+                acc += work[i, k] * (sig_next[k, j] - sig_pred[k, j])
+            gbar[i, j] = s + 2.0 * acc
+    # Y = Ḡ (Σ⁻)⁻¹, row by row: Rᵀ u = ḡᵀ, R yᵀ = u
+    for i in range(dd):
+        solve_lower_from_upper_t(r_pred, dd, gbar[i], tmp_a)
+        solve_upper(r_pred, dd, tmp_a, ymat[i])
+    # Σ̄⁻ (into work) = −Gᵀ P̄ G − sym(Gᵀ Y); then P̄⁺ = Gᵀ P̄ G (into sbar)
+    for i in range(dd):
+        for j in range(dd):
+            s = 0.0
+            for k in range(dd):
+                s += g[k, i] * sbar[k, j]
+            gbar[i, j] = s  # Gᵀ P̄ (Ḡ no longer needed)
+    for i in range(dd):
+        for j in range(dd):
+            s = 0.0
+            for k in range(dd):
+                s += gbar[i, k] * g[k, j]
+            tmp_b[j] = s
+        for j in range(dd):
+            gbar[i, j] = tmp_b[j]  # Gᵀ P̄ G
+    for i in range(dd):
+        for j in range(dd):
+            s = 0.0
+            for k in range(dd):
+                s += g[k, i] * ymat[k, j] + g[k, j] * ymat[k, i]
+            work[i, j] = -gbar[i, j] - 0.5 * s
+    # Σ̄ += P̄ + sym(Y A); μ̄ += m̄; μ̄⁻ = −Gᵀ m̄; m̄⁺ = Gᵀ m̄
+    for i in range(dd):
+        for j in range(dd):
+            inj_sig[i, j] += sbar[i, j]
+    for i in range(q + 1):
+        for k in range(d):
+            for row in range(dd):
+                s = 0.0
+                for ip in range(i + 1):
+                    s += ymat[row, ip * d + k] * a[i - ip]
+                tmp_b[row] = s  # column (i, k) of Y A
+            col = i * d + k
+            for row in range(dd):
+                inj_sig[row, col] += 0.5 * tmp_b[row]
+                inj_sig[col, row] += 0.5 * tmp_b[row]
+    for j in range(dd):
+        s = 0.0
+        for k in range(dd):
+            s += g[k, j] * mbar[k]
+        tmp_a[j] = s
+    for j in range(dd):
+        inj_mu[j] += mbar[j]
+    for j in range(dd):
+        mbar[j] = tmp_a[j]
+    sbar[:, :] = gbar
+    # μ̄⁻ = −Gᵀ m̄ and Σ̄⁻ reach (μ, Σ) through μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q.
+    _at_v(a, q, d, tmp_a, tmp_b)
+    for j in range(dd):
+        inj_mu[j] -= tmp_b[j]
+    _at_x_a(a, q, d, work, gbar, ymat)
+    for i in range(dd):
+        for j in range(dd):
+            inj_sig[i, j] += ymat[i, j]
 
 
 _FENRIR_SIG = (
     VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, MAT_FN, TEN2_FN,
     nb.float64[::1], nb.float64[::1], nb.int64, nb.int64, nb.float64[:, ::1], nb.boolean,
     nb.float64, nb.float64[::1], nb.int64[::1], nb.float64[:, ::1], nb.float64[:, ::1],
-    nb.float64[::1], nb.int64[::1], nb.int64, nb.boolean,
+    nb.float64[::1], nb.int64[::1], nb.int64, nb.boolean, nb.float64[::1],
 )
 
 
@@ -77,300 +406,287 @@ _FENRIR_SIG = (
 def fenrir_terms(
     rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac,
     y0, theta, q, d, rq, ek1, kappa, grid, obs_at, data, cmat, sigma, sigma_dir, n_sigma, want_grad,
+    cotangent,
 ):
-    """Per-observation Fenrir log-likelihood terms and, optionally, their exact Jacobian.
+    """Per-observation Fenrir log-likelihood terms and, optionally, a vector–Jacobian product.
 
     ``obs_at[n]`` is the data row observed at ``grid[n]`` (or -1); ``data`` rows may contain NaN
     (missing components are skipped); the observation is ``data[i] = cmat @ y(t_i) + noise`` with
-    independent noise of standard deviation ``sigma[c]`` per component ``c``, whose tangent
-    direction is ``sigma_dir[c]`` (of ``n_sigma``). Tangent directions: ``y0`` (d), ``θ`` (k),
-    noise scales (``n_sigma``), ``κ`` (1).
+    independent noise of standard deviation ``sigma[c]`` per component ``c``, which is parameter
+    ``sigma_dir[c]`` of ``n_sigma``. With ``want_grad`` the gradient of ``cotangent · terms`` with
+    respect to ``(y0, θ, noise scales, κ)`` is returned (reverse mode).
 
-    Returns ``(terms, jac, ok)``; ``ok`` is False when the solve produced non-finite values.
+    Returns ``(terms, grad, ok)``; ``ok`` is False when the solve produced non-finite values.
     """
     k = theta.shape[0]
     dd = (q + 1) * d
     n_pts = grid.shape[0]
     n_obs, m = data.shape
     n_dir = d + k + n_sigma + 1
-    kdir = n_dir - 1
     terms = np.zeros(n_obs)
-    jac = np.zeros((n_obs, n_dir))
-
-    # ---------------------------------------------------------------- initialisation
-    coeffs = np.empty((q + 1, d))
-    taylor(y0, grid[0], theta, coeffs)
-    mus = np.empty((n_pts, dd))
-    rs = np.zeros((n_pts, dd, dd))
-    mus[0] = coeffs.reshape(dd)
-    if not all_finite(mus[0]):
-        return terms, jac, False
-    n_store = n_pts if want_grad else 1
-    dmus = np.zeros((n_store, n_dir, dd))
-    dsig = np.zeros((n_store, n_dir, dd, dd))
-    if want_grad:
-        ty = np.empty((q + 1, d, d))
-        tp = np.empty((q + 1, d, k))
-        taylor_jac(y0, grid[0], theta, ty, tp)
-        for i in range(q + 1):
-            for c in range(d):
-                for j in range(d):
-                    dmus[0, j, i * d + c] = ty[i, c, j]
-                for j in range(k):
-                    dmus[0, d + j, i * d + c] = tp[i, c, j]
-
-    a = np.empty(q + 1)
-    tvec = np.empty(q + 1)
-    mu_p = np.empty(dd)
-    m_pred = np.empty((2 * dd, dd))
-    m_upd = np.empty((dd, d + dd))
-    fx = np.empty(d)
-    jlin = np.zeros((d, d))
-    jtrue = np.zeros((d, d))
-    jp = np.zeros((d, k))
-    hyy = np.zeros((d, d, d))
-    hyp = np.zeros((d, d, k))
-    zhat = np.empty(d)
-    w = np.empty(d)
-    hmat = np.zeros((d, dd))
-    dh = np.zeros((d, dd))
-    sig_p = np.empty((dd, dd))
-    sig_post = np.empty((dd, dd))
-    u = np.empty((dd, d))
-    gain = np.empty((dd, d))
-    proj = np.empty((dd, dd))
-    work = np.empty((dd, dd))
-    dsp = np.empty((dd, dd))
-    du = np.empty((dd, d))
-    ds = np.empty((d, d))
-    work_dd = np.empty((dd, d))
-    work_dd2 = np.empty((dd, d))
-    work_d = np.empty((d, d))
-    dgain = np.empty((dd, d))
-    work_dh = np.empty((d, dd))
-    cross = np.empty((dd, dd))
+    grad = np.zeros(n_dir)
+    mmax = max(m, d)
+    n_seen = np.zeros(n_obs, dtype=np.int64)
+    idx_all = np.zeros((n_obs, m), dtype=np.int64)
+    for i in range(n_obs):
+        for c in range(m):
+            if not math.isnan(data[i, c]):
+                idx_all[i, n_seen[i]] = c
+                n_seen[i] += 1
 
     # ---------------------------------------------------------------- forward ODE filter
-    last_h = -1.0
-    amat, qmat = _transition_matrices(1.0, q, d, rq)
+    mu_pa = np.empty((n_pts, dd))  # predicted
+    r_pa = np.zeros((n_pts, dd, dd))
+    mu_fa = np.empty((n_pts, dd))  # filtered
+    r_fa = np.zeros((n_pts, dd, dd))
+    lin = np.zeros((n_pts, d, d))  # linearisation L (J for EK1, 0 for EK0)
+    za = np.empty((n_pts, d))
+    coeffs = np.empty((q + 1, d))
+    taylor(y0, grid[0], theta, coeffs)
+    for i in range(q + 1):
+        for c in range(d):
+            mu_fa[0, i * d + c] = coeffs[i, c]
+    if not all_finite(mu_fa[0]):
+        return terms, grad, False
+    a = np.empty(q + 1)
+    tvec = np.empty(q + 1)
+    m_pred = np.empty((2 * dd, dd))
+    m_upd = np.empty((dd, d + dd))
+    wvec = np.empty(max(d, m))
+    fx = np.empty(d)
+    jac = np.zeros((d, d))
+    xi = np.empty(d)
+    sqrt_kappa = math.sqrt(kappa)
     for n in range(1, n_pts):
         h = grid[n] - grid[n - 1]
         t = grid[n]
         transition_coefficients(h, q, a)
         preconditioner(h, q, tvec)
-        apply_transition(a, q, d, mus[n - 1], mu_p)
-        fill_transition_rows(rs[n - 1], a, q, d, m_pred, 0, 0)
-        fill_process_noise(rq, tvec, math.sqrt(kappa), q, d, m_pred, dd, 0)
-        tria_inplace(m_pred, 2 * dd, dd)
-        r_pred = np.ascontiguousarray(m_pred[:dd, :dd])
-        xi = np.ascontiguousarray(mu_p[:d])
+        _predict_sqrt(a, tvec, sqrt_kappa, rq, q, d, mu_fa[n - 1], r_fa[n - 1], mu_pa[n], r_pa[n], m_pred)
+        for c in range(d):
+            xi[c] = mu_pa[n, c]
         rhs(xi, t, theta, fx)
-        if ek1 or want_grad:
-            jac_y(xi, t, theta, jtrue)
         if ek1:
-            jlin[:, :] = jtrue
+            jac_y(xi, t, theta, jac)
+            for r_ in range(d):
+                for c in range(d):
+                    lin[n, r_, c] = jac[r_, c]
         for c in range(d):
-            zhat[c] = mu_p[d + c] - fx[c]
-        update_sqrt(r_pred, mu_p, jlin, zhat, q, d, m_upd, w, mus[n], rs[n])
-        if not (all_finite(mus[n]) and all_finite(rs[n])):
-            return terms, jac, False
-        if not want_grad:
-            continue
-        if h != last_h:  # fixed grids repeat the same step: reuse A(h), Q(h)
-            if h != last_h:
-                amat, qmat = _transition_matrices(h, q, d, rq)
-                last_h = h
-            last_h = h
-        jac_p(xi, t, theta, jp)
-        if ek1:
-            hess_yy(xi, t, theta, hyy)
-            hess_yp(xi, t, theta, hyp)
-        hmat[:, :] = 0.0
-        for c in range(d):
-            hmat[c, d + c] = 1.0
-            for e in range(d):
-                hmat[c, e] = -jlin[c, e]
-        matmul(r_pred.T.copy(), r_pred, sig_p)
-        matmul(rs[n].T.copy(), rs[n], sig_post)
-        matmul_nt(sig_p, hmat, u)
-        s_inv = np.linalg.inv(hmat @ u)
-        matmul(u, s_inv, gain)
-        matmul(gain, hmat, proj)
-        for r in range(dd):
-            for c in range(dd):
-                proj[r, c] = (1.0 if r == c else 0.0) - proj[r, c]
-        for j in range(n_dir):
-            dmu_p = amat @ dmus[n - 1, j]
-            sandwich(amat, dsig[n - 1, j], work, dsp)
-            if j == kdir:
-                dsp += qmat
-            dxi = dmu_p[:d]
-            df = jtrue @ dxi
-            if d <= j < d + k:
-                df += jp[:, j - d]
-            dh[:, :] = 0.0
-            if ek1:
-                for r in range(d):
-                    for c in range(d):
-                        v = 0.0
-                        for e in range(d):
-                            v += hyy[r, c, e] * dxi[e]
-                        if d <= j < d + k:
-                            v += hyp[r, c, j - d]
-                        dh[r, c] = -v
-            # du = dΣ⁻ H^T + Σ⁻ dH^T; ds = dH U + H du; dK = (du - K ds) S^{-1}
-            matmul_nt(dsp, hmat, du)
-            matmul_nt(sig_p, dh, work_dd)
-            du += work_dd
-            matmul(dh, u, ds)
-            matmul(hmat, du, work_d)
-            ds += work_d
-            matmul(gain, ds, work_dd)
-            work_dd2[:, :] = du - work_dd
-            matmul(work_dd2, s_inv, dgain)
-            dz = dmu_p[d : 2 * d] - df
-            dmus[n, j] = dmu_p - dgain @ zhat - gain @ dz
-            # Joseph-type form dΣ = B dΣ⁻ B^T - Σ dH^T K^T - K dH Σ (B = I - KH): keeps the tangent in
-            # the subspace of the singular posterior; the plain difference form is unstable.
-            matmul(dh, sig_post, work_dh)
-            matmul(gain, work_dh, cross)
-            sandwich(proj, dsp, work, dsig[n, j])
-            for r in range(dd):
-                for c in range(dd):
-                    dsig[n, j, r, c] -= cross[r, c] + cross[c, r]
+            za[n, c] = mu_pa[n, d + c] - fx[c]
+        update_sqrt(r_pa[n], mu_pa[n], lin[n], za[n], q, d, m_upd, wvec, mu_fa[n], r_fa[n])
+        if not (all_finite(mu_fa[n]) and all_finite(r_fa[n])):
+            return terms, grad, False
 
     # ---------------------------------------------------------------- backward Kalman filter on data
-    mean = mus[n_pts - 1].copy()
-    root = rs[n_pts - 1].copy()
-    dmean = dmus[n_pts - 1].copy() if want_grad else dmus[0]
-    dcov = dsig[n_pts - 1].copy() if want_grad else dsig[0]
+    n_store = n_pts if want_grad else 1
+    m_pre = np.empty((n_store, dd))  # before the data at grid[n]
+    r_pre = np.zeros((n_store, dd, dd))
+    m_post = np.empty((n_store, dd))  # after it
+    r_post = np.zeros((n_store, dd, dd))
+    gs = np.zeros((n_store, dd, dd))
+    mean = mu_fa[n_pts - 1].copy()
+    root = r_fa[n_pts - 1].copy()
+    mean2 = np.empty(dd)
+    root2 = np.empty((dd, dd))
+    mm = np.empty((dd + m, m + dd))
+    resid = np.empty(m)
     g = np.empty((dd, dd))
     dvec = np.empty(dd)
     lam = np.empty((dd, dd))
     r_predn = np.empty((dd, dd))
-    bproj = np.empty((dd, dd))
-    gqg = np.empty((dd, dd))
-    gp = np.empty((dd, dd))
-    gq = np.empty((dd, dd))
-    work2 = np.empty((dd, dd))
-    dlam = np.empty((dd, dd))
-    dg = np.empty((dd, dd))
-    idx = np.empty(m, dtype=np.int64)
+    stack = np.empty((2 * dd, dd))
     for n in range(n_pts - 1, -1, -1):
+        if want_grad:
+            m_pre[n] = mean
+            r_pre[n] = root
         i = obs_at[n]
-        if i >= 0:
-            mo = 0
-            for c in range(m):
-                if not math.isnan(data[i, c]):
-                    idx[mo] = c
-                    mo += 1
-            if mo > 0:
-                csub = np.zeros((mo, dd))
-                resid = np.empty(mo)
-                for r in range(mo):
-                    s = data[i, idx[r]]
-                    for c in range(d):
-                        csub[r, c] = cmat[idx[r], c]
-                        s -= cmat[idx[r], c] * mean[c]
-                    resid[r] = s
-                mm = np.zeros((dd + mo, mo + dd))
-                pc_t = root @ csub.T
-                for r in range(dd):
-                    for c in range(mo):
-                        mm[r, c] = pc_t[r, c]
-                    for c in range(dd):
-                        mm[r, mo + c] = root[r, c]
-                for r in range(mo):
-                    mm[dd + r, r] = sigma[idx[r]]
-                tria_inplace(mm, dd + mo, mo + dd)
-                wv = np.empty(mo)
-                solve_lower_from_upper_t(mm, mo, resid, wv)
-                quad = 0.0
-                logdet = 0.0
-                for r in range(mo):
-                    quad += wv[r] * wv[r]
-                    logdet += 2.0 * math.log(abs(mm[r, r]))
-                terms[i] = -0.5 * (quad + logdet + mo * _LOG_2PI)
-                r11 = np.ascontiguousarray(mm[:mo, :mo])
-                r12 = np.ascontiguousarray(mm[:mo, mo:])
-                if want_grad:
-                    pcov = root.T @ root
-                    smat = r11.T @ r11
-                    s_inv = np.linalg.inv(smat)
-                    gain = r12.T @ np.linalg.inv(r11).T
-                    proj = np.eye(dd) - gain @ csub
-                    alpha = s_inv @ resid
-                    for j in range(n_dir):
-                        ds = csub @ dcov[j] @ csub.T
-                        jsig = j - d - k
-                        if 0 <= jsig < n_sigma:
-                            for r in range(mo):
-                                if sigma_dir[idx[r]] == jsig:
-                                    ds[r, r] += 2.0 * sigma[idx[r]]
-                        dr = -(csub @ dmean[j])
-                        jac[i, j] = -0.5 * (
-                            2.0 * (alpha @ dr) - alpha @ ds @ alpha + np.sum(s_inv * ds.T)
-                        )
-                        dgain = (dcov[j] @ csub.T - gain @ ds) @ s_inv
-                        dmean[j] = dmean[j] + dgain @ resid + gain @ dr
-                        # Joseph form: d(B P B^T + K R K^T) = B dP B^T + K dR K^T at the optimal K.
-                        dnoise = ds - csub @ dcov[j] @ csub.T
-                        dcov[j] = proj @ dcov[j] @ proj.T + gain @ dnoise @ gain.T
-                for c in range(dd):
-                    s = 0.0
-                    for r in range(mo):
-                        s += r12[r, c] * wv[r]
-                    mean[c] += s
-                for r in range(dd):
-                    for c in range(dd):
-                        root[r, c] = mm[mo + r, mo + c]
+        if i >= 0 and n_seen[i] > 0:
+            terms[i] = _data_update_sqrt(mean, root, cmat, idx_all[i], n_seen[i], data[i], sigma, mm, wvec,
+                                         mean2, root2, resid)
+            mean[:] = mean2
+            root[:, :] = root2
+        if want_grad:
+            m_post[n] = mean
+            r_post[n] = root
         if n == 0:
             break
-        h = grid[n] - grid[n - 1]
-        backward_kernel(mus[n - 1], rs[n - 1], h, kappa, q, d, rq, g, dvec, lam, r_predn)
-        new_mean = g @ mean + dvec
-        stack = np.empty((2 * dd, dd))
-        stack[:dd] = root @ g.T
-        stack[dd:] = lam
-        tria_inplace(stack, 2 * dd, dd)
+        backward_kernel(mu_fa[n - 1], r_fa[n - 1], grid[n] - grid[n - 1], kappa, q, d, rq, g, dvec, lam,
+                        r_predn)
         if want_grad:
-            amat, qmat = _transition_matrices(h, q, d, rq)
-            mu_prev_p = amat @ mus[n - 1]
-            rinv = np.linalg.inv(r_predn)
-            p_inv = rinv @ rinv.T
-            pcov = root.T @ root
-            matmul(g, amat, bproj)
-            for r in range(dd):
-                for c in range(dd):
-                    bproj[r, c] = (1.0 if r == c else 0.0) - bproj[r, c]
-            sandwich(g, qmat, work, gqg)
-            matmul(g, pcov, gp)
-            matmul(g, qmat, gq)
-            for j in range(n_dir):
-                # Joseph form of the backward kernel, Λ = (I - GA) Σ (I - GA)^T + κ G Q G^T:
-                # its derivative needs no dG, and dG = [(I - GA) dΣ A^T - dκ G Q] P^{-1}.
-                matmul(bproj, dsig[n - 1, j], work)
-                matmul_nt(work, amat, work2)
-                matmul_nt(work, bproj, dlam)
-                if j == kdir:
-                    work2 -= gq
-                    dlam += gqg
-                matmul(work2, p_inv, dg)
-                dmu_p = amat @ dmus[n - 1, j]
-                ddv = dmus[n - 1, j] - dg @ mu_prev_p - g @ dmu_p
-                new_dmean = dg @ mean + g @ dmean[j] + ddv
-                # dP' = dG P G^T + G P dG^T + G dP G^T + dΛ
-                matmul_nt(dg, gp, work)
-                sandwich(g, dcov[j], work2, dcov[j])
-                for r in range(dd):
-                    for c in range(dd):
-                        dcov[j, r, c] += work[r, c] + work[c, r] + dlam[r, c]
-                dmean[j] = new_dmean
-        mean[:] = new_mean
-        root[:, :] = stack[:dd]
+            gs[n] = g
+        for r_ in range(dd):
+            s = dvec[r_]
+            for c in range(dd):
+                s += g[r_, c] * mean[c]
+            mean2[r_] = s
+        for r_ in range(dd):
+            for c in range(dd):
+                s = 0.0
+                for e in range(r_, dd):  # root is upper triangular
+                    s += root[r_, e] * g[c, e]
+                stack[r_, c] = s
+                stack[dd + r_, c] = lam[r_, c]
+        tria_inplace(stack, 2 * dd, dd)
+        mean[:] = mean2
+        for r_ in range(dd):
+            for c in range(dd):
+                root[r_, c] = stack[r_, c]
+        if not (all_finite(mean) and all_finite(root)):
+            return terms, grad, False
     for i in range(n_obs):
         if not math.isfinite(terms[i]):
-            return terms, jac, False
-    if want_grad and not all_finite(jac):
-        return terms, jac, False
-    return terms, jac, True
+            return terms, grad, False
+    if not want_grad:
+        return terms, grad, True
+
+    # ---------------------------------------------------------------- reverse sweep, part 1:
+    # adjoint of the backward Kalman filter (forward in time); deposits on the ODE filter's (μ_n, Σ_n).
+    sig_off = d + k
+    kdir = n_dir - 1
+    inj_mu = np.zeros((n_pts, dd))
+    inj_sig = np.zeros((n_pts, dd, dd))
+    mbar = np.zeros(dd)
+    sbar = np.zeros((dd, dd))
+    sig_pred = np.empty((dd, dd))
+    sig_next = np.empty((dd, dd))
+    hm = np.zeros((mmax, dd))
+    nv = np.zeros(mmax)
+    rvec = np.empty(mmax)
+    rbar = np.empty(mmax)
+    sdiag = np.empty(mmax)
+    hbar = np.zeros((mmax, dd))
+    wk = np.empty((4, dd, mmax))
+    wm = np.empty((4, mmax, mmax))
+    wv = np.empty((4, dd))
+    gbar = np.empty((dd, dd))
+    ymat = np.empty((dd, dd))
+    work = np.empty((dd, dd))
+    tmp_a = np.empty(dd)
+    tmp_b = np.empty(dd)
+    for n in range(n_pts):
+        i = obs_at[n]
+        if i >= 0 and n_seen[i] > 0:
+            mo = n_seen[i]
+            _gram_upper(r_pre[n], sig_pred)
+            for r_ in range(mo):
+                c_obs = idx_all[i, r_]
+                for b in range(dd):
+                    hm[r_, b] = cmat[c_obs, b] if b < d else 0.0
+                nv[r_] = sigma[c_obs] * sigma[c_obs]
+                v = -data[i, c_obs]
+                for c in range(d):
+                    v += cmat[c_obs, c] * m_pre[n, c]
+                rvec[r_] = v
+            if not _update_adjoint(sig_pred, sig_next, hm, mo, nv, rvec, m_pre[n], cotangent[i], mbar, sbar,
+                                   False, hbar, rbar, sdiag, wk, wm, wv):
+                return terms, grad, False
+            for r_ in range(mo):
+                c_obs = idx_all[i, r_]
+                grad[sig_off + sigma_dir[c_obs]] += 2.0 * sigma[c_obs] * sdiag[r_]
+        if n == n_pts - 1:
+            for r_ in range(dd):
+                inj_mu[n, r_] += mbar[r_]
+                for c in range(dd):
+                    inj_sig[n, r_, c] += sbar[r_, c]
+            break
+        # backward step n+1 → n
+        h = grid[n + 1] - grid[n]
+        transition_coefficients(h, q, a)
+        preconditioner(h, q, tvec)
+        _gram_upper(r_pa[n + 1], sig_pred)
+        _gram_upper(r_post[n + 1], sig_next)
+        _rts_adjoint(gs[n + 1], r_pa[n + 1], sig_pred, mu_pa[n + 1], m_post[n + 1], sig_next, a, q, d, mbar,
+                     sbar, inj_mu[n], inj_sig[n], gbar, ymat, work, tmp_a, tmp_b)
+        grad[kdir] += _noise_inner(work, rq, tvec, q, d)
+
+    # ---------------------------------------------------------------- reverse sweep, part 2:
+    # adjoint of the ODE filter (backward in time).
+    mbar_a = inj_mu[n_pts - 1].copy()
+    sbar_a = inj_sig[n_pts - 1].copy()
+    sig_post = np.empty((dd, dd))
+    cbar = np.empty(d)
+    lbar = np.empty((d, d))
+    xbar = np.empty(d)
+    jp = np.zeros((d, k))
+    hyy = np.zeros((d, d, d))
+    hyp = np.zeros((d, d, k))
+    jtrue = np.zeros((d, d))
+    for c in range(d):
+        nv[c] = 0.0
+    for n in range(n_pts - 1, 0, -1):
+        t = grid[n]
+        for c in range(d):
+            xi[c] = mu_pa[n, c]
+        hm[:, :] = 0.0
+        for r_ in range(d):
+            hm[r_, d + r_] = 1.0
+            for c in range(d):
+                hm[r_, c] = -lin[n, r_, c]
+        _gram_upper(r_pa[n], sig_pred)
+        if ek1:
+            _gram_upper(r_fa[n], sig_post)
+        if not _update_adjoint(sig_pred, sig_post, hm, d, nv, za[n], mu_pa[n], 0.0, mbar_a, sbar_a, ek1,
+                               hbar, rbar, sdiag, wk, wm, wv):
+            return terms, grad, False
+        # Linearisation: H = E1 − L E0 and c = −f(ξ) + L ξ, with ξ = E0 μ⁻.
+        for c in range(d):
+            cbar[c] = rbar[c]
+        jac_p(xi, t, theta, jp)
+        for j in range(k):
+            s = 0.0
+            for c in range(d):
+                s -= jp[c, j] * cbar[c]
+            grad[d + j] += s
+        if ek1:
+            hess_yy(xi, t, theta, hyy)
+            hess_yp(xi, t, theta, hyp)
+            for r_ in range(d):
+                for c in range(d):
+                    lbar[r_, c] = -hbar[r_, c] + cbar[r_] * xi[c]
+            for e in range(d):
+                s = 0.0
+                for r_ in range(d):
+                    for c in range(d):
+                        s += lbar[r_, c] * hyy[r_, c, e]
+                xbar[e] = s
+            for j in range(k):
+                s = 0.0
+                for r_ in range(d):
+                    for c in range(d):
+                        s += lbar[r_, c] * hyp[r_, c, j]
+                grad[d + j] += s
+        else:
+            jac_y(xi, t, theta, jtrue)
+            for e in range(d):
+                s = 0.0
+                for c in range(d):
+                    s -= jtrue[c, e] * cbar[c]
+                xbar[e] = s
+        for e in range(d):
+            mbar_a[e] += xbar[e]
+        # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of part 1 on (μ, Σ)_{n−1}.
+        h = grid[n] - grid[n - 1]
+        transition_coefficients(h, q, a)
+        preconditioner(h, q, tvec)
+        grad[kdir] += _noise_inner(sbar_a, rq, tvec, q, d)
+        _at_v(a, q, d, mbar_a, tmp_a)
+        _at_x_a(a, q, d, sbar_a, work, sig_pred)
+        for r_ in range(dd):
+            mbar_a[r_] = tmp_a[r_] + inj_mu[n - 1, r_]
+            for c in range(dd):
+                sbar_a[r_, c] = sig_pred[r_, c] + inj_sig[n - 1, r_, c]
+
+    # Initial state: μ₀ = Taylor coefficients of (y0, θ), Σ₀ = 0.
+    ty = np.empty((q + 1, d, d))
+    tp = np.empty((q + 1, d, k))
+    taylor_jac(y0, grid[0], theta, ty, tp)
+    for i in range(q + 1):
+        for c in range(d):
+            mb = mbar_a[i * d + c]
+            for j in range(d):
+                grad[j] += mb * ty[i, c, j]
+            for j in range(k):
+                grad[d + j] += mb * tp[i, c, j]
+    if not all_finite(grad):
+        return terms, grad, False
+    return terms, grad, True

@@ -11,8 +11,11 @@ import pytensor.tensor as pt
 from pytensor.gradient import grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
+from pytensor.graph.rewriting.basic import node_rewriter
+from pytensor.graph.traversal import ancestors
 from pytensor.link.numba.dispatch import numba_funcify
 from pytensor.link.numba.dispatch.basic import numba_njit
+from pytensor.tensor.rewriting.basic import register_specialize
 
 from pymc_pnode.filtering.fenrir import fenrir_terms
 from pymc_pnode.ode import ODE
@@ -84,8 +87,12 @@ class FenrirProblem:
         taylor, taylor_jac = ode.taylor_functions(self.solver.order)
         return (ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, taylor, taylor_jac)
 
-    def evaluate(self, y0, theta, data, sigma, kappa, want_grad: bool):
-        """Per-observation terms (and Jacobian); ``-inf`` terms when the solve diverges."""
+    def evaluate(self, y0, theta, data, sigma, kappa, cotangent=None):
+        """Per-observation terms and, given ``cotangent``, the gradient of ``cotangent · terms``.
+
+        The gradient is the flat vector over ``(y0, θ, noise scales, κ)``. Terms are ``-inf`` (and
+        the gradient zero) when the solve diverges or an input is invalid.
+        """
         ode = self.ode
         q = self.solver.order
         data = np.array(data, dtype=np.float64, order="C", copy=True)
@@ -96,58 +103,51 @@ class FenrirProblem:
         kappa = float(kappa)
         y0 = np.ascontiguousarray(y0, dtype=np.float64)
         theta = np.ascontiguousarray(theta, dtype=np.float64)
+        want_grad = cotangent is not None
+        cot = (np.ascontiguousarray(cotangent, dtype=np.float64).reshape(-1) if want_grad
+               else np.zeros(0))
         bad = not (kappa > 0 and np.all(sigma_full > 0) and np.all(np.isfinite(y0)) and np.all(np.isfinite(theta)))
         if not bad:
-            terms, jac, ok = fenrir_terms(
+            terms, grad, ok = fenrir_terms(
                 *self.kernel_arguments(), y0, theta, q, ode.n_states, self.solver.prior.Q_bar_sqrt,
                 self.solver.ek1, kappa, self.grid, self.obs_at, data, self.obs_matrix, sigma_full,
-                sigma_dir, self.n_sigma, want_grad,
+                sigma_dir, self.n_sigma, want_grad, cot,
             )
             bad = not ok
         if bad:
             terms = np.full(data.shape[0], -np.inf)
-            jac = np.zeros((data.shape[0], self.n_directions))
-        return terms, jac
+            grad = np.zeros(self.n_directions)
+        return terms, grad
+
+
+def _fenrir_inputs(y0, theta, data, sigma, kappa):
+    return [
+        pt.as_tensor_variable(y0, dtype="float64"),
+        pt.as_tensor_variable(theta, dtype="float64"),
+        pt.as_tensor_variable(data, dtype="float64"),
+        pt.as_tensor_variable(sigma, dtype="float64"),
+        pt.as_tensor_variable(kappa, dtype="float64"),
+    ]
 
 
 class FenrirOp(Op):
-    """Per-observation Fenrir log-likelihood terms; the gradient is exact (forward-mode tangents)."""
+    """Per-observation Fenrir log-likelihood terms; the gradient is exact (reverse mode)."""
 
-    def __init__(self, problem: FenrirProblem, with_jacobian: bool = False):
+    def __init__(self, problem: FenrirProblem):
         self.problem = problem
-        self.with_jacobian = with_jacobian
 
     def make_node(self, y0, theta, data, sigma, kappa):
-        inputs = [
-            pt.as_tensor_variable(y0, dtype="float64"),
-            pt.as_tensor_variable(theta, dtype="float64"),
-            pt.as_tensor_variable(data, dtype="float64"),
-            pt.as_tensor_variable(sigma, dtype="float64"),
-            pt.as_tensor_variable(kappa, dtype="float64"),
-        ]
-        outputs = [pt.vector(dtype="float64")]
-        if self.with_jacobian:
-            outputs.append(pt.matrix(dtype="float64"))
-        return Apply(self, inputs, outputs)
+        return Apply(self, _fenrir_inputs(y0, theta, data, sigma, kappa), [pt.vector(dtype="float64")])
 
     def perform(self, node, inputs, output_storage):
-        y0, theta, data, sigma, kappa = inputs
-        terms, jac = self.problem.evaluate(y0, theta, data, sigma, kappa, self.with_jacobian)
-        output_storage[0][0] = terms
-        if self.with_jacobian:
-            output_storage[1][0] = jac
+        output_storage[0][0] = self.problem.evaluate(*inputs)[0]
 
     def infer_shape(self, fgraph, node, shapes):
-        n = shapes[2][0]
-        out = [(n,)]
-        if self.with_jacobian:
-            out.append((n, self.problem.n_directions))
-        return out
+        return [(shapes[2][0],)]
 
     def L_op(self, inputs, outputs, output_grads):
         y0, theta, data, sigma, kappa = inputs
-        jac = FenrirOp(self.problem, with_jacobian=True)(y0, theta, data, sigma, kappa)[1]
-        vjp = output_grads[0] @ jac
+        vjp = FenrirVJPOp(self.problem)(y0, theta, data, sigma, kappa, output_grads[0])[1]
         d, k, s = self.problem.ode.n_states, self.problem.ode.n_theta, self.problem.n_sigma
         g_sigma = vjp[d + k : d + k + s]
         return [
@@ -159,13 +159,38 @@ class FenrirOp(Op):
         ]
 
     def __str__(self) -> str:
-        return f"Fenrir{'Jacobian' if self.with_jacobian else ''}Op"
+        return "FenrirOp"
 
 
-@numba_funcify.register(FenrirOp)
-def _numba_funcify_fenrir(op, node, **kwargs):
-    """Numba implementation of the Op, so ``mode="NUMBA"`` and nutpie compile it in."""
-    problem = op.problem
+class FenrirVJPOp(Op):
+    """``(terms, gᵀ ∂terms/∂(y0, θ, σ, κ))``: the terms and one flat vector–Jacobian product.
+
+    The terms come for free with the reverse sweep; :func:`_share_fenrir_forward_pass` lets the
+    value node of the same inputs use them, so a compiled logp-and-gradient runs the solver once.
+    """
+
+    def __init__(self, problem: FenrirProblem):
+        self.problem = problem
+
+    def make_node(self, y0, theta, data, sigma, kappa, cotangent):
+        inputs = _fenrir_inputs(y0, theta, data, sigma, kappa)
+        inputs.append(pt.as_tensor_variable(cotangent, dtype="float64"))
+        return Apply(self, inputs, [pt.vector(dtype="float64"), pt.vector(dtype="float64")])
+
+    def perform(self, node, inputs, output_storage):
+        terms, vjp = self.problem.evaluate(*inputs[:5], cotangent=inputs[5])
+        output_storage[0][0] = terms
+        output_storage[1][0] = vjp
+
+    def infer_shape(self, fgraph, node, shapes):
+        return [(shapes[2][0],), (self.problem.n_directions,)]
+
+    def __str__(self) -> str:
+        return "FenrirVJPOp"
+
+
+def _numba_fenrir_evaluate(problem: FenrirProblem):
+    """A numba function ``(y0, θ, data, σ, κ, cotangent, want_grad) -> (terms, grad)``."""
     rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac = problem.kernel_arguments()
     q, d = problem.solver.order, problem.ode.n_states
     rq, ek1 = problem.solver.prior.Q_bar_sqrt, problem.solver.ek1
@@ -175,10 +200,9 @@ def _numba_funcify_fenrir(op, node, **kwargs):
     n_sigma = problem.n_sigma
     n_dir = problem.n_directions
     sigma_dir = np.zeros(m, dtype=np.int64) if n_sigma == 1 else np.arange(m, dtype=np.int64)
-    with_jacobian = op.with_jacobian
 
     @numba_njit
-    def evaluate(y0, theta, data, sigma, kappa):
+    def evaluate(y0, theta, data, sigma, kappa, cotangent, want_grad):
         values = np.ascontiguousarray(data).copy()
         for i in range(n_obs):
             for c in range(m):
@@ -191,26 +215,63 @@ def _numba_funcify_fenrir(op, node, **kwargs):
         kap = np.asarray(kappa).item()
         y0c = np.ascontiguousarray(y0).astype(np.float64)
         thc = np.ascontiguousarray(theta).astype(np.float64)
+        cot = np.ascontiguousarray(cotangent).astype(np.float64)
         ok = kap > 0.0 and np.all(sigma_full > 0.0) and np.all(np.isfinite(y0c)) and np.all(np.isfinite(thc))
         terms = np.full(n_obs, -np.inf)
-        jac = np.zeros((n_obs, n_dir))
+        grad = np.zeros(n_dir)
         if ok:
             # Captured arrays are read-only constants in numba; the kernel takes writable ones.
-            t, j, ok = fenrir_terms(rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac, y0c, thc,
+            t, g, ok = fenrir_terms(rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac, y0c, thc,
                                     q, d, rq.copy(), ek1, kap, grid.copy(), obs_at.copy(), values,
-                                    cmat.copy(), sigma_full, sigma_dir.copy(), n_sigma, with_jacobian)
+                                    cmat.copy(), sigma_full, sigma_dir.copy(), n_sigma, want_grad, cot)
             if ok:
-                terms, jac = t, j
-        return terms, jac
+                terms, grad = t, g
+        return terms, grad
 
-    if with_jacobian:
-        return evaluate
+    return evaluate
+
+
+@numba_funcify.register(FenrirOp)
+def _numba_funcify_fenrir(op, node, **kwargs):
+    """Numba implementation of the Op, so ``mode="NUMBA"`` and nutpie compile it in."""
+    evaluate = _numba_fenrir_evaluate(op.problem)
+    no_cotangent = np.zeros(0)
 
     @numba_njit
     def evaluate_terms(y0, theta, data, sigma, kappa):
-        return evaluate(y0, theta, data, sigma, kappa)[0]
+        return evaluate(y0, theta, data, sigma, kappa, no_cotangent.copy(), False)[0]
 
     return evaluate_terms
+
+
+@numba_funcify.register(FenrirVJPOp)
+def _numba_funcify_fenrir_vjp(op, node, **kwargs):
+    evaluate = _numba_fenrir_evaluate(op.problem)
+
+    @numba_njit
+    def evaluate_vjp(y0, theta, data, sigma, kappa, cotangent):
+        return evaluate(y0, theta, data, sigma, kappa, cotangent, True)
+
+    return evaluate_vjp
+
+
+@register_specialize
+@node_rewriter([FenrirOp])
+def _share_fenrir_forward_pass(fgraph, node):
+    """Use the terms of a ``FenrirVJPOp`` with the same inputs instead of solving again.
+
+    Skipped when the cotangent itself depends on the terms (that would make a cycle).
+    """
+    for client, _ in fgraph.clients[node.inputs[2]]:
+        op = getattr(client, "op", None)
+        if not (isinstance(op, FenrirVJPOp) and op.problem is node.op.problem):
+            continue
+        if not all(a is b for a, b in zip(client.inputs[:5], node.inputs)):
+            continue
+        if node.outputs[0] in set(ancestors([client.inputs[5]])):
+            continue
+        return [client.outputs[0]]
+    return None
 
 
 def _validate_positive_constant(value, name: str):
