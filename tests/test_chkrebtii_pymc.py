@@ -132,6 +132,37 @@ def test_algorithm2_compounds_with_nuts_and_pickles(calibration):
     assert np.all(np.isfinite(idata.posterior["sigma"].values))
 
 
+def test_algorithm2_random_walks_alpha_and_lam(calibration):
+    # Issue 4: Algorithm 2 proposes theta "and alpha, lam"; a random lam recomputes the structure.
+    ode, times, data = calibration
+    with pm.Model() as model:
+        k = pm.LogNormal("k", 0.0, 0.5)
+        alpha = pm.LogNormal("alpha", np.log(200.0), 0.5)
+        lam = pm.LogNormal("lam", np.log(0.4), 0.3)
+        u = ChkrebtiiSolution("u", ode, y0=[1.0], theta=pt.stack([k]), t_span=(0.0, 3.0), n_grid=16,
+                              alpha=alpha, lam=lam, times=times)
+        pm.Normal("y", u, 0.02, observed=data)
+        step = ChkrebtiiMetropolis([k, alpha, lam])
+        assert step.n_theta == 3
+        idata = pm.sample(draws=300, tune=300, chains=1, step=step, progressbar=False,
+                          random_seed=5, compute_convergence_checks=False)
+    post = idata.posterior
+    for name in ("k", "alpha", "lam"):
+        values = post[name].values.reshape(-1)
+        assert np.all(np.isfinite(values)) and np.unique(values).size > 10, name
+    assert 0.05 < float(idata.sample_stats["accepted"].mean()) < 0.8
+
+
+def test_public_api_exports():
+    from pymc_pnode.chkrebtii import ChkrebtiiReplicaMove, chkrebtii_sample
+    from pymc_pnode.likelihoods import chkrebtii as lik
+
+    assert pn.chkrebtii_sample is chkrebtii_sample is lik.chkrebtii_sample
+    assert pn.ChkrebtiiSolution is ChkrebtiiSolution is lik.ChkrebtiiSolution
+    assert pn.ChkrebtiiMetropolis is ChkrebtiiMetropolis is lik.ChkrebtiiMetropolis
+    assert pn.DelayODE is DelayODE and pn.ChkrebtiiReplicaMove is ChkrebtiiReplicaMove
+
+
 def test_metropolis_acceptance_is_the_papers_ratio(calibration):
     # The step's log target excludes the innovations' prior (it cancels with their proposal).
     model = _calibration_model(*calibration)

@@ -246,3 +246,15 @@ def test_logp_and_gradient_share_one_solver_pass(fhn_ode, rng):
                    for e in 1e-6 * np.eye(3)])
     np.testing.assert_allclose(g, fd, rtol=1e-5)
     assert np.isclose(weights.sum(), 1.0)
+
+
+def test_nutpie_samples_fenrir_model(fhn_ode, fhn_fit_data):
+    pytest.importorskip("nutpie")  # optional extra; compiles the model through the numba backend
+    times, data = fhn_fit_data
+    model = _fhn_model(fhn_ode, times, data)
+    with model:
+        idata = pm.sample(draws=150, tune=200, chains=2, nuts_sampler="nutpie", random_seed=3,
+                          progressbar=False)
+    post = idata.posterior["theta"].values.reshape(-1, 3)
+    lo, hi = np.quantile(post, [0.005, 0.995], axis=0)
+    assert np.all((lo < [0.2, 0.2, 3.0]) & ([0.2, 0.2, 3.0] < hi))
