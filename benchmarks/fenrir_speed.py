@@ -123,6 +123,9 @@ def load_peer():
         import jax
 
         jax.config.update("jax_enable_x64", True)
+        # Synchronous CPU dispatch: JAX compilation never overlaps a running computation, so
+        # compile time can be told apart from sampling time (see CompileClock).
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
         import jax.numpy as jnp
         from probdiffeq import ivpsolve
         from probdiffeq import probdiffeq as pdq
@@ -239,40 +242,75 @@ def pymc_model(kind: str, data: np.ndarray, step: float):
     return model
 
 
-def run_pymc_nuts(kind: str, data, step, args, mode=None) -> dict:
-    """``pm.sample`` (NUTS, chains one after another); ESS from ArviZ, time without compilation."""
-    import arviz as az
+def run_pymc_nuts(kind: str, data, step: float, chains: int, tune: int, draws: int, seed: int,
+                  mode=None) -> dict:
+    """``pm.sample`` (NUTS, chains one after another) started at the true values."""
     import pymc as pm
 
     model = pymc_model(kind, data, step)
-    initvals = {"theta": THETA, "y0": Y0, "sigma": SIGMA}
     kwargs = {} if mode is None else {"compile_kwargs": {"mode": mode}}
     load0 = load_avg()
     t0 = time.perf_counter()
     with model:
-        idata = pm.sample(draws=args.draws, tune=args.tune, chains=args.chains, cores=1,
-                          init="adapt_diag", initvals=initvals, random_seed=args.seed,
-                          progressbar=False, compute_convergence_checks=False, **kwargs)
+        idata = pm.sample(draws=draws, tune=tune, chains=chains, cores=1, init="adapt_diag",
+                          initvals={"theta": THETA, "y0": Y0, "sigma": SIGMA}, random_seed=seed,
+                          progressbar=False, compute_convergence_checks=False,
+                          discard_tuned_samples=False, **kwargs)
     wall = time.perf_counter() - t0
-    ess = az.ess(idata, var_names=["theta", "y0", "sigma"], method="bulk")
-    return dict(ess=float(min(ess[v].values.min() for v in ess.data_vars)),
-                seconds=float(idata.sample_stats.attrs["sampling_time"]), wall=wall,
-                divergences=int(idata.sample_stats["diverging"].sum()),
-                means=posterior_means(idata), load=f"{load0} → {load_avg()}")
+    n_grad = int(idata.warmup_sample_stats["n_steps"].sum() + idata.sample_stats["n_steps"].sum())
+    return summarise(idata, tune, float(idata.sample_stats.attrs["sampling_time"]), wall, n_grad,
+                     int(idata.sample_stats["diverging"].sum()), load0)
 
 
-def posterior_means(idata) -> str:
+def summarise(idata, tune: int, seconds: float, wall: float, n_grad: int, divergences: int,
+              load0: str) -> dict:
+    """Minimum bulk ESS over all parameters (ArviZ), rates and posterior means of one run."""
+    import arviz as az
+
     post = idata.posterior
+    ess = az.ess(post[["theta", "y0", "sigma"]], method="bulk")
     th = post["theta"].mean(("chain", "draw")).values
-    return f"a={th[0]:.3f}, b={th[1]:.3f}, c={th[2]:.3f}, σ={float(post['sigma'].mean()):.3f}"
+    n_draws = post.sizes["chain"] * post.sizes["draw"]
+    return dict(ess=float(min(ess[v].values.min() for v in ess.data_vars)), seconds=seconds,
+                wall=wall, n_grad=n_grad, n_draws=n_draws, chains=post.sizes["chain"], tune=tune,
+                divergences=divergences,
+                means=f"a={th[0]:.3f}, b={th[1]:.3f}, c={th[2]:.3f}, σ={float(post['sigma'].mean()):.3f}",
+                load=f"{load0} → {load_avg()}")
 
 
-def run_blackjax_nuts(peer, data, step, args) -> dict | None:
-    """probdiffeq likelihood + BlackJAX NUTS (window adaptation), same priors and transforms."""
+class CompileClock:
+    """Wall time JAX spends tracing, lowering and compiling (union of the reported time spans).
+
+    Valid with synchronous dispatch (set in :func:`load_peer`); otherwise compilation can overlap
+    running computations and would be subtracted twice.
+    """
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+              "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self):
+        self.spans: list[tuple[float, float]] = []
+
+    def __call__(self, event, start, end, **kwargs):
+        if event in self.EVENTS:
+            self.spans.append((start, end))
+
+    def seconds(self) -> float:
+        total, reach = 0.0, -math.inf  # nested traces (inner jits) are counted once
+        for start, end in sorted(self.spans):
+            if end > reach:
+                total += end - max(start, reach)
+                reach = end
+        return total
+
+
+def run_blackjax_nuts(peer, data, step: float, chains: int, tune: int, draws: int, seed: int):
+    """probdiffeq likelihood + BlackJAX NUTS (Stan-style window adaptation), same posterior."""
     try:
         import blackjax
     except ImportError as err:
-        print(f"BlackJAX row skipped: {err}")
+        print(f"probdiffeq + BlackJAX row skipped: {err}")
         return None
     import arviz as az
     from jax import monitoring
@@ -281,7 +319,7 @@ def run_blackjax_nuts(peer, data, step, args) -> dict | None:
     loglik = probdiffeq_loglik(peer, data, step)
 
     def logdensity(z):
-        # z = [log theta (3), y0 (2), log sigma]: PyMC's log transforms, with their Jacobians.
+        # z = [log theta (3), y0 (2), log sigma]: PyMC's transforms, with their log-Jacobians.
         log_theta, y0, log_sigma = z[:3], z[3:5], z[5]
         sigma = jnp.exp(log_sigma)
         lp = -0.5 * jnp.sum(((log_theta - jnp.log(THETA)) / PRIOR_THETA_SD) ** 2)
@@ -289,65 +327,82 @@ def run_blackjax_nuts(peer, data, step, args) -> dict | None:
         lp += -0.5 * (sigma / PRIOR_SIGMA_SD) ** 2 + log_sigma
         return lp + loglik(y0, jnp.exp(log_theta), sigma)
 
-    compile_seconds = [0.0]
-    compile_events = {"/jax/core/compile/jaxpr_trace_duration",
-                      "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                      "/jax/core/compile/backend_compile_duration"}
-
-    def on_duration(event, duration, **kw):
-        if event in compile_events:
-            compile_seconds[0] += duration
-
-    monitoring.register_event_duration_secs_listener(on_duration)
+    clock = CompileClock()
+    monitoring.register_event_time_span_listener(clock)
     z0 = jnp.concatenate([jnp.log(THETA), jnp.asarray(Y0), jnp.log(jnp.array([SIGMA]))])
-    key = jax.random.key(args.seed)
-    draws, divergences = [], 0
+    key = jax.random.key(seed)
+    samples, divergences, n_grad = [], 0, 0
     load0 = load_avg()
     t0 = time.perf_counter()
     try:
-        for _ in range(args.chains):
+        for _ in range(chains):
             key, k_warm, k_draw = jax.random.split(key, 3)
             warmup = blackjax.window_adaptation(blackjax.nuts, logdensity, target_acceptance_rate=0.8)
-            (state, params), _ = warmup.run(k_warm, z0, num_steps=args.tune)
+            (state, params), warm_info = jax.block_until_ready(warmup.run(k_warm, z0, num_steps=tune))
             kernel = blackjax.nuts(logdensity, **params)
 
             def one_step(s, k, kernel=kernel):
                 s, info = kernel.step(k, s)
-                return s, (s.position, info.is_divergent)
+                return s, (s.position, info.is_divergent, info.num_integration_steps)
 
             run = jax.jit(lambda s, ks: jax.lax.scan(one_step, s, ks))
-            _, (positions, divergent) = jax.block_until_ready(
-                run(state, jax.random.split(k_draw, args.draws)))
-            draws.append(np.asarray(positions))
+            _, (positions, divergent, n_steps) = jax.block_until_ready(
+                run(state, jax.random.split(k_draw, draws)))
+            samples.append(np.asarray(positions))
             divergences += int(np.sum(divergent))
+            n_grad += int(np.sum(n_steps) + np.sum(warm_info.info.num_integration_steps))
     finally:
-        monitoring.unregister_event_duration_listener(on_duration)
+        monitoring.unregister_event_time_span_listener(clock)
     wall = time.perf_counter() - t0
-    z = np.stack(draws)  # (chain, draw, 6)
-    posterior = {"theta": np.exp(z[..., :3]), "y0": z[..., 3:5], "sigma": np.exp(z[..., 5])}
-    idata = az.from_dict(posterior=posterior)
-    ess = az.ess(idata, method="bulk")
-    return dict(ess=float(min(ess[v].values.min() for v in ess.data_vars)),
-                seconds=wall - compile_seconds[0], wall=wall, divergences=divergences,
-                means=posterior_means(idata), load=f"{load0} → {load_avg()}")
+    z = np.stack(samples)  # (chain, draw, 6)
+    idata = az.from_dict(posterior={"theta": np.exp(z[..., :3]), "y0": z[..., 3:5],
+                                    "sigma": np.exp(z[..., 5])})
+    return summarise(idata, tune, wall - clock.seconds(), wall, n_grad, divergences, load0)
+
+
+def nuts_table(data, peer, args) -> list[tuple[str, dict]]:
+    """Run the requested samplers one after another; rows ``(label, summary)``."""
+    common = dict(chains=args.chains, tune=args.tune, draws=args.draws, seed=args.seed)
+    results = []
+    if "fenrir" in args.samplers:
+        results.append(("pymc_pnode Fenrir, pm.sample",
+                        run_pymc_nuts("fenrir", data, args.nuts_step, **common)))
+    if "fenrir-numba" in args.samplers:
+        results.append(("pymc_pnode Fenrir, pm.sample (mode=\"NUMBA\")",
+                        run_pymc_nuts("fenrir", data, args.nuts_step, **common, mode="NUMBA")))
+    if "pm-ode" in args.samplers:
+        ode = {**common, "chains": args.ode_chains or args.chains, "tune": args.ode_tune or args.tune,
+               "draws": args.ode_draws or args.draws}
+        results.append(("pm.ode.DifferentialEquation, pm.sample",
+                        run_pymc_nuts("ode", data, args.nuts_step, **ode)))
+    if "blackjax" in args.samplers:
+        if peer is None:
+            print("probdiffeq + BlackJAX row skipped: probdiffeq is not installed")
+        else:
+            bj = run_blackjax_nuts(peer, data, args.nuts_step, **common)
+            if bj is not None:
+                results.append(("probdiffeq + BlackJAX NUTS", bj))
+    return results
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=float, nargs="+", default=[0.05, 0.01])
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per median")
-    parser.add_argument("--seed", type=int, default=20240521)
+    parser.add_argument("--seed", type=int, default=20240521, help="data and sampler seed")
     parser.add_argument("--no-peer", action="store_true", help="skip probdiffeq even if installed")
-    parser.add_argument("--nuts", action="store_true", help="also run short NUTS comparisons (minutes)")
     parser.add_argument("--skip-timing", action="store_true", help="only the NUTS comparison")
+    parser.add_argument("--nuts", action="store_true", help="also run short NUTS comparisons (minutes)")
     parser.add_argument("--nuts-step", type=float, default=0.05)
     parser.add_argument("--samplers", nargs="+", default=["fenrir", "pm-ode", "blackjax"],
                         choices=["fenrir", "fenrir-numba", "pm-ode", "blackjax"])
+    parser.add_argument("--chains", type=int, default=2)
+    parser.add_argument("--tune", type=int, default=200)
+    parser.add_argument("--draws", type=int, default=200)
+    parser.add_argument("--ode-chains", type=int, help="chains for pm.ode (default: --chains)")
     parser.add_argument("--ode-tune", type=int, help="tune steps for pm.ode (default: --tune)")
     parser.add_argument("--ode-draws", type=int, help="draws for pm.ode (default: --draws)")
-    parser.add_argument("--chains", type=int, default=2)
-    parser.add_argument("--tune", type=int, default=300)
-    parser.add_argument("--draws", type=int, default=300)
     args = parser.parse_args()
 
     print(f"{time.strftime('%Y-%m-%d %H:%M %Z')}; {platform.machine()}, {os.cpu_count()} cores; "
@@ -361,44 +416,31 @@ def main() -> None:
         print(f"peer: jax {peer[0].__version__}, probdiffeq {probdiffeq.__version__} (CPU, float64)")
     data = simulate_data(args.seed)
 
-    rows = [] if args.skip_timing else timing_table(data, args.steps, args.repeats, peer)
-    print(f"\nFenrir log-likelihood, FitzHugh–Nagumo, {TIMES.size} observations of y1, IWP({ORDER}), EK1; "
-          f"median of {args.repeats} calls; gradient with respect to y0, theta, sigma. Load average at "
-          f"end: {load_avg()}\n")
-    if rows:
+    if not args.skip_timing:
+        rows = timing_table(data, args.steps, args.repeats, peer)
+        print(f"\nFenrir log-likelihood, FitzHugh–Nagumo, {TIMES.size} observations of y1, IWP({ORDER}), "
+              f"EK1; median of {args.repeats} calls; gradient with respect to y0, theta, sigma. "
+              f"Load average at the end: {load_avg()}\n")
         print("| step | steps | implementation | logp [ms] | logp+grad [ms] | first call [s] | logp | "
               "grad vs central diff. (rel.) |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for step, n, label, t_val, t_grad, first, value, err in rows:
-        print(f"| {step} | {n} | {label} | {t_val:.2f} | {t_grad:.2f} | {first:.1f} | {value:.6f} | "
-              f"{err:.1e} |")
+        for step, n, label, t_val, t_grad, first, value, err in rows:
+            print(f"| {step} | {n} | {label} | {t_val:.2f} | {t_grad:.2f} | {first:.1f} | {value:.6f} | "
+                  f"{err:.1e} |")
 
-    if not args.nuts:
-        return
-    print(f"\nNUTS: {args.chains} chains × ({args.tune} tune + {args.draws} draws), one after another; "
-          f"step {args.nuts_step}", flush=True)
-    results = []
-    if "fenrir" in args.samplers:
-        results.append(("pymc_pnode Fenrir, pm.sample", run_pymc_nuts("fenrir", data, args.nuts_step, args)))
-    if "fenrir-numba" in args.samplers:
-        results.append(("pymc_pnode Fenrir, pm.sample (mode=\"NUMBA\")",
-                        run_pymc_nuts("fenrir", data, args.nuts_step, args, mode="NUMBA")))
-    if "pm-ode" in args.samplers:
-        ode_args = argparse.Namespace(**{**vars(args), "tune": args.ode_tune or args.tune,
-                                         "draws": args.ode_draws or args.draws})
-        results.append((f"pm.ode.DifferentialEquation, pm.sample ({ode_args.tune} + {ode_args.draws})",
-                        run_pymc_nuts("ode", data, args.nuts_step, ode_args)))
-    if "blackjax" in args.samplers:
-        if peer is None:
-            print("probdiffeq + BlackJAX row skipped: probdiffeq is not installed")
-        else:
-            bj = run_blackjax_nuts(peer, data, args.nuts_step, args)
-            if bj is not None:
-                results.append(("probdiffeq + BlackJAX NUTS", bj))
-    print("\n| sampler | min bulk ESS | sampling time [s] | ESS/s | wall incl. compile [s] | divergences | "
-          "posterior means | load average |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for label, r in results:
-        print(f"| {label} | {r['ess']:.0f} | {r['seconds']:.1f} | {r['ess'] / r['seconds']:.2f} | "
-              f"{r['wall']:.1f} | {r['divergences']} | {r['means']} | {r['load']} |")
+    if args.nuts:
+        print(f"\nNUTS, step {args.nuts_step}, chains run one after another, started at the true values",
+              flush=True)
+        results = nuts_table(data, peer, args)
+        print("\n| sampler | chains × (tune + draws) | min bulk ESS | sampling time [s] | ESS/s | "
+              "grad evals per draw | ms per grad eval | wall incl. compile [s] | divergences | "
+              "posterior means | load average |\n" + "| --- " * 11 + "|")
+        for label, r in results:
+            chains, per_chain = r["chains"], r["n_draws"] // r["chains"]
+            print(f"| {label} | {chains} × ({r['tune']} + {per_chain}) | {r['ess']:.0f} | "
+                  f"{r['seconds']:.1f} | {r['ess'] / r['seconds']:.3f} | "
+                  f"{r['n_grad'] / (chains * (r['tune'] + per_chain)):.1f} | "
+                  f"{r['seconds'] / r['n_grad'] * 1e3:.1f} | {r['wall']:.1f} | {r['divergences']} | "
+                  f"{r['means']} | {r['load']} |")
 
 
 if __name__ == "__main__":
