@@ -49,6 +49,23 @@ def test_exact_gradient_lotka_volterra_two_observed_components(lv_ode, rng):
     assert_gradient_matches_central_differences(loglik, point)
 
 
+@pytest.mark.parametrize("solver", [pn.EK1(order=3), pn.EK0(order=2)], ids=["EK1", "EK0"])
+def test_exact_gradient_lorenz_mixed_observations_including_t0(lorenz_ode, rng, solver):
+    # Three states, two observed mixtures with their own noise scales, one datum at t0 itself.
+    times = np.array([0.0, 0.1, 0.25, 0.3, 0.5])
+    cmat = np.array([[1.0, 0.5, 0.0], [0.0, -1.0, 2.0]])
+    data = rng.normal(size=(times.size, 2))
+    data[2, 0] = np.nan
+
+    def loglik(y0, theta, sigma, kappa):
+        return pn.fenrir_loglik(lorenz_ode, y0, theta, times, data, obs_matrix=cmat, obs_sigma=sigma,
+                                diffusion=kappa, solver=solver, step=0.05)
+
+    point = [np.array([1.0, 1.5, 2.0]), np.array([10.0, 28.0, 8.0 / 3.0]), np.array([0.7, 1.3]),
+             np.array(30.0)]
+    assert_gradient_matches_central_differences(loglik, point)
+
+
 def test_linear_ode_equals_dense_batch_gaussian(linear_ode, rng):
     theta, y0, kappa, sigma = np.array([-0.3, 2.0]), np.array([1.0, 0.5]), 3.7, 0.2
     grid = np.linspace(0.0, 1.0, 9)
