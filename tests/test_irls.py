@@ -99,7 +99,7 @@ def test_irls_recovers_lorenz_parameters(lorenz_ode):
     data = _simulate(lorenz_ode, y0, theta, times, noise, np.eye(3), seed=11)
     res = irls_fit(lorenz_ode, data, times, noise_var=noise, method="rk4", step=5e-3,
                    theta0=[11.0, 29.0, 3.0], y0=[-9.0, -1.5, 39.0], n_iter=4)
-    assert res.converged
+    assert res.converged and res.newton_decrement < 1e-6
     np.testing.assert_allclose(res.theta, theta, rtol=0.02)
     np.testing.assert_allclose(res.y0, y0, atol=0.4)
     assert res.param_names == ["y0[0]", "y0[1]", "y0[2]", "theta[0]", "theta[1]", "theta[2]"]
@@ -112,6 +112,26 @@ def test_irls_recovers_lorenz_parameters(lorenz_ode):
     np.testing.assert_array_equal(base.weights, np.tile(1.0 / noise, (times.size, 1)))
     np.testing.assert_array_equal(base.error_var, 0.0)
     np.testing.assert_allclose(base.theta, theta, rtol=0.02)
+
+
+def test_converged_flag_detects_an_unfinished_optimisation(lorenz_ode):
+    times = np.arange(51) * 0.01
+    theta = np.array([10.0, 28.0, 8.0 / 3.0])
+    y0 = np.array([-10.0, -1.0, 40.0])
+    data = _simulate(lorenz_ode, y0, theta, times, 0.1, np.eye(3), seed=2)
+    kw = dict(noise_var=0.1, method="heun", step=5e-3, theta0=[11.0, 29.0, 3.0],
+              y0=[-9.0, -1.5, 39.0], n_iter=0)
+    done = irls_fit(lorenz_ode, data, times, **kw)
+    assert done.converged and done.newton_decrement < 1e-6
+    # Three L-BFGS iterations from the initial guess are far from the minimum.
+    early = irls_fit(lorenz_ode, data, times, lbfgs_options={"maxiter": 3}, **kw)
+    assert early.history.lbfgs_iterations == [3]
+    assert not early.converged and early.newton_decrement > 1.0
+    # Near the minimum the decrement predicts the remaining decrease of the objective.
+    near = irls_fit(lorenz_ode, data, times, lbfgs_options={"maxiter": 1},
+                    **{**kw, "theta0": done.theta + 0.03, "y0": done.y0 - 0.03})
+    assert not near.converged
+    np.testing.assert_allclose(near.newton_decrement, near.objective - done.objective, rtol=0.1)
 
 
 def test_unknown_noise_variant_with_partial_observation(lorenz_ode):
