@@ -20,9 +20,15 @@ def _wrap(dispatcher, kind: str) -> _codegen.CompiledFunction:
     return _codegen.CompiledFunction(dispatcher, _codegen.SIGNATURES[kind])
 
 
-def _derivative(expr: Variable, wrt: Variable) -> Variable:
-    """d expr / d wrt for 0-d variables; zero when ``expr`` does not depend on ``wrt``."""
-    return pytensor.grad(expr, wrt, disconnected_inputs="ignore", return_disconnected="zero")
+def _gradient(expr: Variable, wrt: Sequence[Variable]) -> list[Variable]:
+    """[d expr / d w for w in wrt] for 0-d variables (zero where ``expr`` does not depend on w).
+
+    One reverse pass per expression: differentiating entry by entry costs a graph traversal per
+    partial derivative, which dominated the set-up time of larger systems.
+    """
+    if not wrt:
+        return []
+    return list(pytensor.grad(expr, list(wrt), disconnected_inputs="ignore", return_disconnected="zero"))
 
 
 class ODE:
@@ -91,7 +97,9 @@ class ODE:
         text = io.StringIO()
         debugprint(self._f, file=text, print_type=True)
         self._key = _codegen.source_key(text.getvalue(), str(self.n_states), str(self.n_theta))
-        self._taylor: dict[int, tuple] = {}
+        self._taylor: dict[int, object] = {}
+        self._taylor_jac: dict[int, object] = {}
+        self._lie: dict[int, list] = {}
         self._hess = None
         base = self._module("base", self._base_source)
         self.rhs = _wrap(base.rhs, "vec")
@@ -155,8 +163,9 @@ class ODE:
 
     def _base_source(self) -> str:
         d, k = self.n_states, self.n_theta
-        jy = [_derivative(fi, yj) for fi in self._f for yj in self._y]
-        jp = [_derivative(fi, pj) for fi in self._f for pj in self._p]
+        grads = [_gradient(fi, [*self._y, *self._p]) for fi in self._f]
+        jy = [g for row in grads for g in row[:d]]
+        jp = [g for row in grads for g in row[d:]]
         return "\n\n".join(
             [
                 self._gen("rhs", "vec", {"out": self._f}, {"out": (d,)}),
@@ -167,9 +176,10 @@ class ODE:
 
     def _hess_source(self) -> str:
         d, k = self.n_states, self.n_theta
-        jy = [[_derivative(fi, yj) for yj in self._y] for fi in self._f]
-        hyy = [_derivative(jy[i][j], yl) for i in range(d) for j in range(d) for yl in self._y]
-        hyp = [_derivative(jy[i][j], pl) for i in range(d) for j in range(d) for pl in self._p]
+        jy = [_gradient(fi, self._y) for fi in self._f]
+        second = [_gradient(jy[i][j], [*self._y, *self._p]) for i in range(d) for j in range(d)]
+        hyy = [g for row in second for g in row[:d]]
+        hyp = [g for row in second for g in row[d:]]
         return "\n\n".join(
             [
                 self._gen("hess_yy", "ten", {"out": hyy}, {"out": (d, d, d)}),
@@ -179,36 +189,34 @@ class ODE:
 
     def _lie_derivatives(self, order: int) -> list[list[Variable]]:
         """Time derivatives y^(k) = g_k(y, t, p), k = 0..order, of the exact solution."""
+        if order in self._lie:
+            return self._lie[order]
         g = [list(self._y)]
         for _ in range(order):
             prev = g[-1]
             nxt = []
             for gi in prev:
-                expr = _derivative(gi, self._t)
-                for yj, fj in zip(self._y, self._f):
-                    expr = expr + _derivative(gi, yj) * fj
+                dt, *dy = _gradient(gi, [self._t, *self._y])
+                expr = dt
+                for dyj, fj in zip(dy, self._f):
+                    expr = expr + dyj * fj
                 nxt.append(expr)
             g.append(_codegen.canonicalize(nxt, self._inputs))
+        self._lie[order] = g
         return g
 
     def _taylor_source(self, order: int) -> str:
+        flat = [gi for level in self._lie_derivatives(order) for gi in level]
+        return self._gen("taylor", "mat", {"out": flat}, {"out": (order + 1, self.n_states)})
+
+    def _taylor_jac_source(self, order: int) -> str:
         d, k = self.n_states, self.n_theta
-        g = self._lie_derivatives(order)
-        flat = [gi for level in g for gi in level]
-        dy = [_derivative(gi, yj) for gi in flat for yj in self._y]
-        dp = [_derivative(gi, pj) for gi in flat for pj in self._p]
-        shapes = {"out": (order + 1, d)}
-        return "\n\n".join(
-            [
-                self._gen("taylor", "mat", {"out": flat}, shapes),
-                self._gen(
-                    "taylor_jac",
-                    "ten2",
-                    {"out_y": dy, "out_p": dp},
-                    {"out_y": (order + 1, d, d), "out_p": (order + 1, d, k)},
-                ),
-            ]
-        )
+        flat = [gi for level in self._lie_derivatives(order) for gi in level]
+        grads = [_gradient(gi, [*self._y, *self._p]) for gi in flat]
+        dy = [g for row in grads for g in row[:d]]
+        dp = [g for row in grads for g in row[d:]]
+        return self._gen("taylor_jac", "ten2", {"out_y": dy, "out_p": dp},
+                         {"out_y": (order + 1, d, d), "out_p": (order + 1, d, k)})
 
     # ------------------------------------------------------------------ lazily compiled parts
     @property
@@ -227,23 +235,40 @@ class ODE:
             self._hess = (_wrap(mod.hess_yy, "ten"), _wrap(mod.hess_yp, "ten"))
         return self._hess
 
-    def taylor_functions(self, order: int):
+    def taylor_coefficients(self, order: int):
         r"""Compiled exact Taylor coefficients of the solution up to ``order``.
 
-        Returns ``(taylor, taylor_jac)``: ``taylor(y0, t0, p, out)`` writes the derivatives
-        :math:`y^{(k)}(t_0)`, ``k = 0..order``, into ``out`` of shape ``(order + 1, d)``;
-        ``taylor_jac(y0, t0, p, out_y, out_p)`` writes their derivatives with respect to ``y0``
-        (shape ``(order + 1, d, d)``) and ``p`` (shape ``(order + 1, d, n_theta)``). They are
-        obtained by exact symbolic differentiation (repeated Lie derivatives), not finite
-        differences.
+        Returns ``taylor(y0, t0, p, out)``, which writes the derivatives :math:`y^{(k)}(t_0)`,
+        ``k = 0..order``, into ``out`` of shape ``(order + 1, d)``; obtained by exact symbolic
+        differentiation (repeated Lie derivatives), not finite differences. Compiled on first use
+        (solvers need only this; likelihood gradients also need :meth:`taylor_functions`).
         """
+        order = self._check_order(order)
+        if order not in self._taylor:
+            mod = self._module(f"taylor{order}", lambda: self._taylor_source(order))
+            self._taylor[order] = _wrap(mod.taylor, "mat")
+        return self._taylor[order]
+
+    def taylor_functions(self, order: int):
+        r"""``(taylor, taylor_jac)``: the Taylor coefficients and their Jacobians.
+
+        ``taylor`` is :meth:`taylor_coefficients`; ``taylor_jac(y0, t0, p, out_y, out_p)`` writes the
+        derivatives of the coefficients with respect to ``y0`` (shape ``(order + 1, d, d)``) and
+        ``p`` (shape ``(order + 1, d, n_theta)``). The Jacobian module is generated and compiled
+        separately, on first use: for larger systems it is the most expensive generated code.
+        """
+        order = self._check_order(order)
+        if order not in self._taylor_jac:
+            mod = self._module(f"taylorjac{order}", lambda: self._taylor_jac_source(order))
+            self._taylor_jac[order] = _wrap(mod.taylor_jac, "ten2")
+        return self.taylor_coefficients(order), self._taylor_jac[order]
+
+    @staticmethod
+    def _check_order(order) -> int:
         order = int(order)
         if order < 0:
             raise ValueError(f"order must be >= 0, got {order}")
-        if order not in self._taylor:
-            mod = self._module(f"taylor{order}", lambda: self._taylor_source(order))
-            self._taylor[order] = (_wrap(mod.taylor, "mat"), _wrap(mod.taylor_jac, "ten2"))
-        return self._taylor[order]
+        return order
 
     # ------------------------------------------------------------------ validation and helpers
     def validate_y0(self, y0, name: str = "y0") -> np.ndarray:

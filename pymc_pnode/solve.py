@@ -340,7 +340,7 @@ def solve(
 
     q, d = solver.order, ode.n_states
     prior = solver.prior
-    taylor, _ = ode.taylor_functions(q)
+    taylor = ode.taylor_coefficients(q)
     coeffs = np.empty((q + 1, d))
     taylor(y0, t0, theta, coeffs)
     mu0 = coeffs.reshape(-1).copy()
