@@ -170,9 +170,12 @@ def main() -> None:
         ode = make_ode(expr, len(theta))
         h = t1 / args.steps
         for solver in (pn.EK0(order=3), pn.EK1(order=3), pn.EK0(order=5), pn.EK1(order=5)):
-            sec = median_time(lambda: pn.solve(ode, y0, theta, (0.0, t1), solver=solver, step=h,
-                                               smooth=False), args.repeats)
-            rows.append((name, f"pymc_pnode {solver!r}", sec / args.steps * 1e6))
+            run = lambda: pn.solve(ode, y0, theta, (0.0, t1), solver=solver, step=h,  # noqa: E731
+                                   smooth=False)
+            sec = median_time(run, args.repeats)
+            stats = run().stats
+            note = "" if stats["success"] else f" — diverged after {stats['n_steps']} steps"
+            rows.append((name, f"pymc_pnode {solver!r}{note}", sec / args.steps * 1e6))
             if peer is not None:
                 kind = type(solver).__name__
                 us, finite = probdiffeq_us_per_step(peer, expr, y0, theta, t1, args.steps, kind,
