@@ -66,6 +66,21 @@ def test_exact_gradient_lorenz_mixed_observations_including_t0(lorenz_ode, rng, 
     assert_gradient_matches_central_differences(loglik, point)
 
 
+def test_exact_gradient_more_sensors_than_filter_state(rng):
+    # Four noisy sensors of one state, IWP(1): the observation dimension exceeds the state's (D = 2).
+    ode = pn.ODE(lambda y, t, p: [-p[0] * y[0]], n_states=1, n_theta=1)
+    times = np.linspace(0.2, 1.0, 5)
+    cmat = np.array([[1.0], [2.0], [-1.0], [0.5]])
+    data = rng.normal(size=(times.size, 4))
+
+    def loglik(y0, theta, sigma):
+        return pn.fenrir_loglik(ode, y0, theta, times, data, obs_matrix=cmat, obs_sigma=sigma, diffusion=2.0,
+                                solver=pn.EK1(order=1), step=0.1)
+
+    point = [np.array([1.0]), np.array([0.7]), np.array([0.5, 0.6, 0.7, 0.8])]
+    assert_gradient_matches_central_differences(loglik, point)
+
+
 def test_linear_ode_equals_dense_batch_gaussian(linear_ode, rng):
     theta, y0, kappa, sigma = np.array([-0.3, 2.0]), np.array([1.0, 0.5]), 3.7, 0.2
     grid = np.linspace(0.0, 1.0, 9)

@@ -200,12 +200,12 @@ def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hb
     ``sbar`` (symmetric) hold the adjoints of ``μ⁺, Σ⁺``; on exit those of ``μ⁻, Σ⁻``. Outputs:
     ``rbar`` (adjoint of ``r``, i.e. of ``c``), ``sdiag`` (diagonal of ``S̄``, for the noise) and, if
     ``want_h``, ``hbar`` (adjoint of ``H``; needs ``spost = Σ⁺``). Returns False if ``S`` is singular.
-    Work arrays: ``wk`` (4, D, m), ``wm`` (4, m, m), ``wv`` (4, D).
+    Work arrays: ``wk`` (4, D, m), ``wm`` (4, m, m), ``wv`` (4, max(D, m)).
     """
     dd = sp.shape[0]
     u, kg, t1, mh_t = wk[0], wk[1], wk[2], wk[3]
     smat, sinv, mmat, work = wm[0], wm[1], wm[2], wm[3]
-    bm, v, alpha_d, kr = wv[0], wv[1], wv[2], wv[3]
+    bm, v, alpha, kr = wv[0], wv[1], wv[2], wv[3]
     # U = Σ⁻ Hᵀ, S = H U + R
     for a_ in range(dd):
         for i in range(mo):
@@ -221,7 +221,6 @@ def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hb
             smat[i, j] = s
     if not _spd_inverse(smat, mo, sinv, work):
         return False
-    alpha = alpha_d  # first mo entries used
     for i in range(mo):
         s = 0.0
         for j in range(mo):
@@ -557,7 +556,7 @@ def fenrir_terms(
     hbar = np.zeros((mmax, dd))
     wk = np.empty((4, dd, mmax))
     wm = np.empty((4, mmax, mmax))
-    wv = np.empty((4, dd))
+    wv = np.empty((4, max(dd, mmax)))
     gbar = np.empty((dd, dd))
     ymat = np.empty((dd, dd))
     work = np.empty((dd, dd))
