@@ -435,9 +435,10 @@ def fenrir_terms(
 
     # ---------------------------------------------------------------- forward ODE filter
     mu_pa = np.empty((n_pts, dd))  # predicted
-    r_pa = np.zeros((n_pts, dd, dd))
+    r_pa = np.empty((n_pts, dd, dd))  # every slot written before use (index 0 unused)
     mu_fa = np.empty((n_pts, dd))  # filtered
-    r_fa = np.zeros((n_pts, dd, dd))
+    r_fa = np.empty((n_pts, dd, dd))
+    r_fa[0] = 0.0  # exact initialisation: Σ₀ = 0
     lin = np.zeros((n_pts, d, d))  # linearisation L (J for EK1, 0 for EK0)
     za = np.empty((n_pts, d))
     coeffs = np.empty((q + 1, d))
@@ -479,10 +480,10 @@ def fenrir_terms(
     # ---------------------------------------------------------------- backward Kalman filter on data
     n_store = n_pts if want_grad else 1
     m_pre = np.empty((n_store, dd))  # before the data at grid[n]
-    r_pre = np.zeros((n_store, dd, dd))
+    r_pre = np.empty((n_store, dd, dd))
     m_post = np.empty((n_store, dd))  # after it
-    r_post = np.zeros((n_store, dd, dd))
-    gs = np.zeros((n_store, dd, dd))
+    r_post = np.empty((n_store, dd, dd))
+    gs = np.empty((n_store, dd, dd))
     mean = mu_fa[n_pts - 1].copy()
     root = r_fa[n_pts - 1].copy()
     mean2 = np.empty(dd)
