@@ -101,9 +101,10 @@ class _Stop(Exception):
 
 
 def maximise(obj: FenrirObjective, u0, *, free=None, ftol=1e-12, gtol=1e-6, maxiter=2000,
-             f_abstol=None, early_stop=None, max_restarts=10, method="L-BFGS-B"):
+             f_abstol=None, early_stop=None, max_restarts=10, method="L-BFGS-B", lower=None):
     """Maximise the Fenrir log-likelihood over the coordinates ``free`` of ``u`` (L-BFGS-B,
-    unbounded, exact gradients); the others stay at ``u0``.
+    exact gradients; unbounded unless ``lower`` gives a lower bound per coordinate of ``u``,
+    ``-inf`` for none); the others stay at ``u0``.
 
     A diverging solve gives a large finite loss. L-BFGS-B's line search then collapses to the
     current point and stops; as in :func:`pymc_pnode.baselines.rk_least_squares`, the optimiser is
@@ -144,8 +145,11 @@ def maximise(obj: FenrirObjective, u0, *, free=None, ftol=1e-12, gtol=1e-6, maxi
 
         def callback(vk, ref=ref, sc=sc):
             xk = ref + sc * vk
+            moved = not np.array_equal(full(xk), path[-1])
             path.append(full(xk))
-            if f_abstol is None and early_stop is None:
+            if f_abstol is None and early_stop is None or not moved:
+                # no step (failed line search, e.g. into a diverging solve): no tolerance test,
+                # L-BFGS-B and the restart logic below decide
                 return
             same = last["x"] is not None and np.array_equal(last["x"], xk)
             history.append(last["f"] if same else loss(xk)[0])
@@ -160,8 +164,12 @@ def maximise(obj: FenrirObjective, u0, *, free=None, ftol=1e-12, gtol=1e-6, maxi
                 options = dict(ftol=ftol, gtol=gtol * sc, maxiter=maxiter - nit, maxcor=20)
             else:  # BFGS: strong-Wolfe line search, gradient-norm test only
                 options = dict(gtol=gtol * sc, maxiter=maxiter - nit)
+            bounds = None
+            if lower is not None and method == "L-BFGS-B":
+                lo = (np.asarray(lower, float)[free] - ref) / sc
+                bounds = [(v if np.isfinite(v) else None, None) for v in lo]
             res = minimize(scaled, np.zeros_like(ref), jac=True, method=method, callback=callback,
-                           options=options)
+                           options=options, bounds=bounds)
             x, message = ref + sc * res.x, str(res.message)
             nit += int(res.nit)
         except _Stop as stop:
@@ -187,31 +195,37 @@ def maximise(obj: FenrirObjective, u0, *, free=None, ftol=1e-12, gtol=1e-6, maxi
                 wall=time.perf_counter() - t0)
 
 
-def tempering(obj: FenrirObjective, u0, schedule, *, early_stopping=True, progress=None):
+def tempering(obj: FenrirObjective, u0, schedule, *, early_stopping=True, progress=None,
+              full_stages=False, lower=None):
     """Diffusion tempering (notes 002 §10.2) over ``log κ``: for each κ of ``schedule`` maximise
-    over ``(log a, log b, log c, y0)`` with κ fixed, warm-started at the previous optimum.
+    over ``(a, b, c, y0)`` (or their logs, see :class:`FenrirObjective`) with κ fixed,
+    warm-started at the previous optimum.
 
     Intermediate stages stop at absolute/relative tolerances 1e-6/1e-3 (notes 002 §10.2) and, when
     ``early_stopping`` ("OURS+"), once the log-likelihood changed by less than 0.1 in each of 3
-    consecutive iterations; the last stage runs to full tolerance.
+    consecutive iterations; the last stage runs to full tolerance. ``full_stages``: every stage
+    runs to full tolerance (the thesis' Algorithm 10.2, each stage "to convergence").
+    ``lower``: lower bounds per coordinate of ``u`` (see :func:`maximise`).
     """
     u = np.asarray(u0, float).copy()
     stages = []
     for i, kappa in enumerate(schedule):
         u[5] = np.log(kappa)
         last = i == len(schedule) - 1
-        if last:
-            r = maximise(obj, u, free=np.arange(5), ftol=1e-12, gtol=1e-6)
+        if last or full_stages:
+            r = maximise(obj, u, free=np.arange(5), ftol=1e-12, gtol=1e-6, lower=lower)
         else:  # intermediate stages: abstol 1e-6, reltol 1e-3 (+ the OURS+ early stop)
             r = maximise(obj, u, free=np.arange(5), ftol=1e-3, gtol=1e-6, f_abstol=1e-6,
-                         early_stop=0.1 if early_stopping else None)
+                         early_stop=0.1 if early_stopping else None, lower=lower)
         if np.isfinite(r["loglik"]) and r["loglik"] > -FAILED / 2:
             u = r["u"]
         stages.append(dict(kappa=kappa, u=u.copy(), loglik=r["loglik"], iterations=r["iterations"],
                            evaluations=r["evaluations"], message=r["message"]))
         if progress is not None:
             progress.update(1)
-            progress.set_postfix(log_kappa=f"{np.log(kappa):.0f}", loglik=f"{r['loglik']:.1f}")
+            ll = r["loglik"]
+            progress.set_postfix(log_kappa=f"{np.log(kappa):.0f}",
+                                 loglik=f"{ll:.1f}" if ll > -FAILED / 2 else "solve failed")
     return u, stages
 
 
