@@ -1,21 +1,32 @@
-"""Helper for ``fenrir_dt_table1.ipynb``: diffusion-tempering paper (Beck et al., ICML 2024), Table 1.
+"""Diffusion-tempering paper (Beck et al., ICML 2024), Table 1: pendulum (1 parameter) and
+Lotka-Volterra (2 parameters), notes 002 §10.4-10.5. Used by ``fenrir_dt_table1.ipynb``.
 
-Pendulum (1 parameter) and Lotka-Volterra (2 parameters), notes 002 §10.4-10.5. For every random
-initialisation three estimators are run:
+For every random initialisation (drawn uniformly from the parameter box) three estimators are run:
 
-* ``fenrir``  -- Fenrir with learned diffusion: the parameters and ``log κ`` are optimised jointly
+* ``FENRIR`` -- Fenrir with learned diffusion: the parameters and ``log κ`` are optimised jointly
   (``log κ`` starts at ``log 1e20``, box ``[log 1e-20, log 1e50]``), as in the paper's
   ``*-fenrir-learned_diff`` scripts;
-* ``rk``      -- single-shooting least squares with an adaptive Runge-Kutta solver
+* ``RK``     -- single-shooting least squares with an adaptive Runge-Kutta solver
   (:func:`pymc_pnode.baselines.rk_least_squares`);
-* ``ours+``   -- diffusion tempering with early stopping: ``κ = 10^(20-i)``, ``i = 0..20``
+* ``OURS+``  -- diffusion tempering with early stopping: ``κ = 10^(20-i)``, ``i = 0..20``
   (:func:`pymc_pnode.tempering_schedule` ``"linear"``), each stage warm-started at the previous
-  optimum, bumped inside the box if it sits on a bound.
+  optimum, bumped inside the box if it sits on a bound; intermediate stages use the loose
+  tolerances (1e-1 absolute / relative) and the 3-iteration early stop of the authors'
+  ``*-low_tol_tempered_diff`` scripts, the last stage runs to full tolerance.
 
 Fenrir terms use :func:`pymc_pnode.fenrir_loglik` (EK1, IWP(3), step 0.01, known observation noise
 ``σ² = 0.1``), compiled once per process into one PyTensor function returning the log-likelihood and
 its exact gradient. Optimisation is box-constrained L-BFGS-B in coordinates normalised to
 ``[0, 1]`` as in the paper (its eq. 17).
+
+Command line (the heavy loop; results are cached, one row per run, in
+``fenrir_dt_table1_results.csv`` next to this file; a second call resumes)::
+
+    python fenrir_dt_table1.py --problems PD LV --starts 100 --budget-min 25 --processes 2
+
+``--budget-min`` is the compute budget per problem in CPU minutes summed over the worker
+processes: new initialisations are started only while the CPU time spent on that problem (in
+this and earlier calls) is below it.
 """
 
 from __future__ import annotations
@@ -146,15 +157,29 @@ class _Stop(Exception):
     pass
 
 
-def _lbfgsb(fun, x0, *, ftol, gtol, maxiter, f_abstol=None, early_stop=None):
-    """Box-constrained L-BFGS-B on [0, 1]^n. Returns (x, loss, iterations).
+FIRST_STEP = 0.1  # length of L-BFGS-B's first step, as a fraction of the normalised box
 
-    ``ftol`` is scipy's relative-reduction test (Optim.jl's ``f_reltol``); ``f_abstol`` stops when
-    one iteration changes the loss by at most that much (Optim.jl's ``f_abstol``); ``early_stop``
-    is the "OURS+" rule: stop when the loss changed by less than it in each of 3 consecutive
-    iterations.
+
+def _lbfgsb(fun, x0, *, f_reltol, f_abstol, gtol=1e-8, maxiter=1000, early_stop=None,
+            first_step=FIRST_STEP):
+    """Box-constrained L-BFGS-B on [0, 1]^n with Optim.jl-style stopping. Returns
+    ``(x, loss, iterations)``.
+
+    Stopping as in Optim.jl (used by the paper): the gradient test ``max |g| <= gtol``, or the
+    function-change test ``|Δf| <= f_abstol`` or ``|Δf| <= f_reltol |f|`` met in two successive
+    iterations (Optim's default ``successive_f_tol = 1``); scipy's own ``ftol`` test (which stops
+    after a single small change) is switched off. ``early_stop`` is the "OURS+" rule of the
+    authors' scripts: stop once the loss changed by less than it in each of the last 3 iterations.
+
+    L-BFGS-B's first iteration takes a step of unit length along the projected gradient: in the
+    normalised box that is the whole box, so the first iterate lands in a corner (e.g. ``log κ``
+    jumps from ``log 1e20`` to ``log 1e-20``). The optimiser therefore works in the coordinates
+    ``v = (x - x0) / first_step``, which makes the first step ``first_step`` long; later steps are
+    unaffected (the quasi-Newton scaling adapts after the first update).
     """
-    history, state = [], {"x": np.array(x0, float), "nit": 0}
+    x0 = np.asarray(x0, float)
+    sc = float(first_step)
+    history, state = [], {"x": x0.copy(), "nit": 0, "fconv": 0}
     last = {"x": None, "f": None}
 
     def recorded(x):
@@ -164,24 +189,34 @@ def _lbfgsb(fun, x0, *, ftol, gtol, maxiter, f_abstol=None, early_stop=None):
             history.append(value)
         return value, grad
 
-    def callback(xk):
+    def scaled(v):
+        value, grad = recorded(x0 + sc * v)
+        return value, sc * np.asarray(grad)
+
+    def callback(vk):
+        xk = x0 + sc * vk
+        moved = not np.array_equal(xk, state["x"])
         state["x"] = np.array(xk)
         state["nit"] += 1
-        if f_abstol is None and early_stop is None:
-            return
+        if not moved:
+            return  # no step (e.g. a failed line search): no tolerance test
         # L-BFGS-B calls back at its last evaluated point: reuse that value (no extra solve)
         same = last["x"] is not None and np.array_equal(last["x"], xk)
         history.append(last["f"] if same else fun(xk)[0])
         change = np.abs(np.diff(history))
-        if f_abstol is not None and change[-1] <= f_abstol:
+        f_conv = change[-1] <= max(f_abstol, f_reltol * abs(history[-1]))
+        state["fconv"] = state["fconv"] + 1 if f_conv else 0
+        if state["fconv"] >= 2:
             raise _Stop
         if early_stop is not None and change.size >= 3 and np.all(change[-3:] < early_stop):
             raise _Stop
 
+    bounds = [(-x / sc, (1.0 - x) / sc) for x in x0]
     try:
-        res = minimize(recorded, x0, jac=True, method="L-BFGS-B", bounds=[(0.0, 1.0)] * len(x0),
-                       callback=callback, options=dict(ftol=ftol, gtol=gtol, maxiter=maxiter))
-        return res.x, float(res.fun), int(res.nit)
+        res = minimize(scaled, np.zeros_like(x0), jac=True, method="L-BFGS-B", bounds=bounds,
+                       callback=callback,
+                       options=dict(ftol=0.0, gtol=gtol * sc, maxiter=maxiter, maxls=40))
+        return np.clip(x0 + sc * res.x, 0.0, 1.0), float(res.fun), int(res.nit)
     except _Stop:
         same = last["x"] is not None and np.array_equal(last["x"], state["x"])
         return state["x"], float(last["f"] if same else fun(state["x"])[0]), state["nit"]
@@ -211,7 +246,7 @@ def run_fenrir_learned(key: str, theta0) -> dict:
 
     x0 = (np.append(theta0, LOG_KAPPA0) - lb) / (ub - lb)
     # Optim.jl settings of the paper's get_optprob: abstol 1e-9, reltol 1e-6 (g_tol 1e-8 default)
-    x, loss, nit = _lbfgsb(fun, x0, ftol=1e-6, gtol=1e-8, maxiter=1000)
+    x, loss, nit = _lbfgsb(fun, x0, f_reltol=1e-6, f_abstol=1e-9)
     z = lb + (ub - lb) * x
     return dict(theta=z[:-1], log_kappa=z[-1], loss=loss, iterations=nit, evaluations=obj.n_evals - n0)
 
@@ -235,10 +270,12 @@ def run_tempering(key: str, theta0, early_stopping: bool = True) -> dict:
             return -ll, -g * (ub - lb)
 
         if last:  # the last stage runs to full tolerance (abstol 1e-9, reltol 1e-6)
-            x_new, loss_new, nit = _lbfgsb(fun, _bump(x), ftol=1e-6, gtol=1e-8, maxiter=1000)
-        else:  # intermediate stages: abstol 1e-6, reltol 1e-3; OURS+ adds the early stop
-            x_new, loss_new, nit = _lbfgsb(fun, _bump(x), ftol=1e-3, gtol=1e-8, maxiter=1000,
-                                           f_abstol=1e-6, early_stop=0.1 if early_stopping else None)
+            x_new, loss_new, nit = _lbfgsb(fun, _bump(x), f_reltol=1e-6, f_abstol=1e-9)
+        elif early_stopping:  # OURS+ (authors' low_tol scripts): abstol = reltol = 1e-1, early stop
+            x_new, loss_new, nit = _lbfgsb(fun, _bump(x), f_reltol=1e-1, f_abstol=1e-1,
+                                           early_stop=0.1)
+        else:  # OURS: intermediate stages with abstol 1e-6, reltol 1e-3
+            x_new, loss_new, nit = _lbfgsb(fun, _bump(x), f_reltol=1e-3, f_abstol=1e-6)
         nit_total += nit
         if loss_new < FAILED:  # keep the previous point if the stage diverged
             x, loss = x_new, loss_new
@@ -261,65 +298,171 @@ def run_rk(key: str, theta0) -> dict:
 METHODS = {"FENRIR": run_fenrir_learned, "RK": run_rk, "OURS+": run_tempering}
 
 
+_DATA: dict = {}
+
+
+def data(key: str):
+    """``(times, truth, data)`` of a problem (cached)."""
+    if key not in _DATA:
+        _DATA[key] = make_data(key)
+    return _DATA[key]
+
+
 def metrics(key: str, theta_hat) -> dict:
     """pRMSE (relative, Def. A3.2), CONV (pRMSE < 0.05), N_θ (relative error < 0.1) and tRMSE of
     the observed component on the data grid (Def. A3.1; NaN if the solve at θ̂ fails)."""
-    spec, obj = PROBLEMS[key], objective(key)
+    spec = PROBLEMS[key]
+    times, truth, _ = data(key)
     theta_hat, theta_true = np.asarray(theta_hat, float), spec["theta_true"]
     rel = (theta_hat - theta_true) / theta_true
     prmse = float(np.sqrt(np.mean(rel**2)))
-    est = reference_solution(key, theta_hat, obj.times) @ spec["H"].T
-    truth = obj.truth @ spec["H"].T
-    trmse = float(np.sqrt(np.sum((est - truth) ** 2) / truth.shape[0]))
-    return dict(pRMSE=prmse, CONV=prmse < 0.05, N_theta=int(np.sum(np.abs(rel) < 0.1)), tRMSE=trmse,
-                fitted=est[:, 0])
+    est = reference_solution(key, theta_hat, times) @ spec["H"].T
+    obs_truth = truth @ spec["H"].T
+    trmse = float(np.sqrt(np.sum((est - obs_truth) ** 2) / obs_truth.shape[0]))
+    return dict(pRMSE=prmse, CONV=bool(prmse < 0.05), N_theta=int(np.sum(np.abs(rel) < 0.1)),
+                tRMSE=trmse)
 
 
-def run_task(task):
-    """One (problem, method, start index, θ0) task; returns a flat record (picklable)."""
-    key, method, idx, theta0 = task
-    t0 = time.perf_counter()
+# --------------------------------------------------------------------------------------------
+# the driver: one task = one initialisation, all methods; results cached in a CSV file
+
+RESULTS_CSV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fenrir_dt_table1_results.csv")
+N_STARTS = 100  # the paper's number of initialisations
+START_SEED = 2024
+COLUMNS = ["problem", "method", "start", "theta0", "theta", "log_kappa", "loss", "iterations",
+           "evaluations", "wall", "cpu", "pRMSE", "CONV", "N_theta", "tRMSE", "error"]
+
+
+def run_method(key: str, method: str, idx: int, theta0) -> dict:
+    """One run; a run that raises is recorded with its error (it counts as not converged)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         out = METHODS[method](key, theta0)
         err = ""
-    except Exception as exc:  # a failed run is a result, recorded with its error
+    except Exception as exc:  # noqa: BLE001 - a failed run is a result
         out = dict(theta=np.full(len(theta0), np.nan), log_kappa=np.nan, loss=np.nan,
                    iterations=0, evaluations=0)
         err = repr(exc)
-    rec = dict(problem=key, method=method, start=idx, theta0=np.asarray(theta0, float),
-               wall=time.perf_counter() - t0, error=err, **out)
+    rec = dict(problem=key, method=method, start=int(idx),
+               theta0=[float(v) for v in np.asarray(theta0, float)],
+               theta=[float(v) for v in np.asarray(out["theta"], float)],
+               log_kappa=float(out["log_kappa"]), loss=float(out["loss"]),
+               iterations=int(out["iterations"]), evaluations=int(out["evaluations"]),
+               wall=time.perf_counter() - t0, cpu=time.process_time() - c0, error=err)
     if np.all(np.isfinite(rec["theta"])):
         rec.update(metrics(key, rec["theta"]))
     else:
-        rec.update(pRMSE=np.nan, CONV=False, N_theta=0, tRMSE=np.nan, fitted=None)
-    rec["linalg_errors"] = objective(key).n_linalg_errors
+        rec.update(pRMSE=np.nan, CONV=False, N_theta=0, tRMSE=np.nan)
     return rec
 
 
-def run_budgeted(key: str, starts, methods, budget_s: float, processes: int = 2, progress=None):
-    """Run every method from every start in a process pool until ``budget_s`` seconds have
-    passed; returns the records of the starts for which all methods finished (in start order)."""
-    import multiprocessing as mp
+def run_start(task) -> list[dict]:
+    """All methods from one initialisation (executed in a worker process)."""
+    import warnings
 
-    tasks = [(key, m, i, s) for i, s in enumerate(starts) for m in methods]
-    records, deadline = [], time.perf_counter() + budget_s
-    pool = mp.get_context("spawn").Pool(processes)
-    try:
-        results = pool.imap(run_task, tasks)  # in order; the workers run ahead in parallel
-        for _ in tasks:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
+    warnings.filterwarnings("ignore")
+    key, idx, theta0, methods = task
+    return [run_method(key, m, idx, theta0) for m in methods]
+
+
+def load_results(path: str = RESULTS_CSV):
+    """The cached runs as a DataFrame (``theta0``/``theta`` as arrays); empty if there are none."""
+    import json
+
+    import pandas as pd
+
+    if not os.path.exists(path):
+        return pd.DataFrame(columns=COLUMNS)
+    df = pd.read_csv(path, keep_default_na=True)
+    for col in ("theta0", "theta"):
+        df[col] = df[col].map(lambda s: np.array(json.loads(s), float))
+    df["error"] = df["error"].fillna("")
+    df["CONV"] = df["CONV"].astype(bool)
+    return df
+
+
+def _append(records: list[dict], path: str) -> None:
+    import json
+
+    import pandas as pd
+
+    df = pd.DataFrame(records)[COLUMNS].copy()
+    for col in ("theta0", "theta"):
+        df[col] = df[col].map(json.dumps)
+    df.to_csv(path, mode="a", header=not os.path.exists(path), index=False)
+
+
+def complete_starts(df, key: str, methods) -> list[int]:
+    """Initialisations of ``key`` for which every method has a cached result."""
+    sub = df[df["problem"] == key]
+    done = sub.groupby("start")["method"].apply(set)
+    return sorted(int(i) for i, s in done.items() if set(methods) <= s)
+
+
+def run_problem(key: str, *, n_starts: int = N_STARTS, budget_min: float = 25.0,
+                processes: int = 2, methods=("FENRIR", "RK", "OURS+"), path: str = RESULTS_CSV,
+                progress: bool = True) -> None:
+    """Run the initialisations ``0, 1, ...`` of ``key`` not yet cached, in ``processes`` worker
+    processes, until all ``n_starts`` are done or the CPU time spent on ``key`` (all cached runs
+    of it, summed over processes) reaches ``budget_min`` minutes; each finished initialisation is
+    appended to ``path`` at once."""
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from tqdm.auto import tqdm
+
+    methods = list(methods)
+    starts = random_starts(key, N_STARTS, seed=START_SEED)[:n_starts]
+    df = load_results(path)
+    done = set(complete_starts(df, key, methods))
+    spent = float(df.loc[df["problem"] == key, "cpu"].sum()) if len(df) else 0.0
+    todo = [i for i in range(n_starts) if i not in done]
+    budget = 60.0 * budget_min
+    bar = tqdm(total=n_starts, initial=len(done), desc=f"{key}: initialisations", disable=not progress,
+               mininterval=2)
+    bar.set_postfix(cpu_min=f"{spent / 60:.1f}/{budget_min:.0f}")
+    if not todo or spent >= budget:
+        bar.close()
+        return
+    per_start = []  # CPU seconds of finished initialisations (to stop before overshooting)
+    with ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn")) as pool:
+        running = {}
+        while todo or running:
+            # launch while the budget (counting the expected cost of running tasks) allows
+            expected = np.mean(per_start) if per_start else 0.0
+            while todo and len(running) < processes and spent + expected * len(running) < budget:
+                i = todo.pop(0)
+                running[pool.submit(run_start, (key, i, starts[i], methods))] = i
+            if not running:
                 break
-            try:
-                records.append(results.next(timeout=remaining))
-            except mp.TimeoutError:
-                break
-            if progress is not None:
-                progress.update(1)
-    finally:
-        pool.terminate()
-        pool.join()
-    done = {}
-    for r in records:
-        done.setdefault(r["start"], []).append(r)
-    return [r for i in sorted(done) if len(done[i]) == len(methods) for r in done[i]]
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                running.pop(fut)
+                recs = fut.result()
+                _append(recs, path)
+                cost = sum(r["cpu"] for r in recs)
+                spent += cost
+                per_start.append(cost)
+                bar.update(1)
+                bar.set_postfix(cpu_min=f"{spent / 60:.1f}/{budget_min:.0f}",
+                                conv=",".join(f"{r['method']}:{int(r['CONV'])}" for r in recs))
+    bar.close()
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--problems", nargs="+", default=["PD", "LV"], choices=list(PROBLEMS))
+    parser.add_argument("--starts", type=int, default=N_STARTS)
+    parser.add_argument("--budget-min", type=float, default=25.0)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--results", default=RESULTS_CSV)
+    args = parser.parse_args(argv)
+    for key in args.problems:
+        run_problem(key, n_starts=args.starts, budget_min=args.budget_min, processes=args.processes,
+                    path=args.results)
+
+
+if __name__ == "__main__":
+    main()
