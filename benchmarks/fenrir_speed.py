@@ -243,8 +243,9 @@ def pymc_model(kind: str, data: np.ndarray, step: float):
 
 
 def run_pymc_nuts(kind: str, data, step: float, chains: int, tune: int, draws: int, seed: int,
-                  mode=None) -> dict:
-    """``pm.sample`` (NUTS, chains one after another) started at the true values."""
+                  dense: bool, mode=None) -> dict:
+    """``pm.sample`` (NUTS, chains one after another) started at the true values; dense or diagonal
+    mass-matrix adaptation."""
     import pymc as pm
 
     model = pymc_model(kind, data, step)
@@ -252,7 +253,8 @@ def run_pymc_nuts(kind: str, data, step: float, chains: int, tune: int, draws: i
     load0 = load_avg()
     t0 = time.perf_counter()
     with model:
-        idata = pm.sample(draws=draws, tune=tune, chains=chains, cores=1, init="adapt_diag",
+        idata = pm.sample(draws=draws, tune=tune, chains=chains, cores=1,
+                          init="adapt_full" if dense else "adapt_diag",
                           initvals={"theta": THETA, "y0": Y0, "sigma": SIGMA}, random_seed=seed,
                           progressbar=False, compute_convergence_checks=False,
                           discard_tuned_samples=False, **kwargs)
@@ -305,7 +307,8 @@ class CompileClock:
         return total
 
 
-def run_blackjax_nuts(peer, data, step: float, chains: int, tune: int, draws: int, seed: int):
+def run_blackjax_nuts(peer, data, step: float, chains: int, tune: int, draws: int, seed: int,
+                      dense: bool):
     """probdiffeq likelihood + BlackJAX NUTS (Stan-style window adaptation), same posterior."""
     try:
         import blackjax
@@ -337,7 +340,8 @@ def run_blackjax_nuts(peer, data, step: float, chains: int, tune: int, draws: in
     try:
         for _ in range(chains):
             key, k_warm, k_draw = jax.random.split(key, 3)
-            warmup = blackjax.window_adaptation(blackjax.nuts, logdensity, target_acceptance_rate=0.8)
+            warmup = blackjax.window_adaptation(blackjax.nuts, logdensity, target_acceptance_rate=0.8,
+                                                is_mass_matrix_diagonal=not dense)
             (state, params), warm_info = jax.block_until_ready(warmup.run(k_warm, z0, num_steps=tune))
             kernel = blackjax.nuts(logdensity, **params)
 
@@ -362,7 +366,8 @@ def run_blackjax_nuts(peer, data, step: float, chains: int, tune: int, draws: in
 
 def nuts_table(data, peer, args) -> list[tuple[str, dict]]:
     """Run the requested samplers one after another; rows ``(label, summary)``."""
-    common = dict(chains=args.chains, tune=args.tune, draws=args.draws, seed=args.seed)
+    common = dict(chains=args.chains, tune=args.tune, draws=args.draws, seed=args.seed,
+                  dense=args.mass_matrix == "dense")
     results = []
     if "fenrir" in args.samplers:
         results.append(("pymc_pnode Fenrir, pm.sample",
@@ -400,6 +405,8 @@ def main() -> None:
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--tune", type=int, default=200)
     parser.add_argument("--draws", type=int, default=200)
+    parser.add_argument("--mass-matrix", choices=["dense", "diag"], default="dense",
+                        help="mass-matrix adaptation of every sampler (the posterior is strongly correlated)")
     parser.add_argument("--ode-chains", type=int, help="chains for pm.ode (default: --chains)")
     parser.add_argument("--ode-tune", type=int, help="tune steps for pm.ode (default: --tune)")
     parser.add_argument("--ode-draws", type=int, help="draws for pm.ode (default: --draws)")
@@ -428,7 +435,8 @@ def main() -> None:
                   f"{err:.1e} |")
 
     if args.nuts:
-        print(f"\nNUTS, step {args.nuts_step}, chains run one after another, started at the true values",
+        print(f"\nNUTS, step {args.nuts_step}, chains run one after another, started at the true values, "
+              f"{args.mass_matrix} mass matrix",
               flush=True)
         results = nuts_table(data, peer, args)
         print("\n| sampler | chains × (tune + draws) | min bulk ESS | sampling time [s] | ESS/s | "

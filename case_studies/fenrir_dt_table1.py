@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 import numpy as np
 import pytensor
@@ -132,18 +133,11 @@ class FenrirObjective:
         g_theta, g_logk = pytensor.grad(ll, [theta, log_kappa])
         self._fn = pytensor.function([theta, log_kappa], [ll, g_theta, g_logk])
         self.n_evals = 0
-        self.n_linalg_errors = 0
 
     def __call__(self, theta, log_kappa):
         self.n_evals += 1
-        try:
-            ll, g_theta, g_logk = self._fn(np.asarray(theta, float), float(log_kappa))
-        except np.linalg.LinAlgError:
-            # Workaround (package bug, reported): for exploding solutions the gradient pass of the
-            # Fenrir kernel raises LinAlgError (singular S in its forward tangent pass) instead of
-            # returning -inf; treat the point as a diverging solve.
-            self.n_linalg_errors += 1
-            return -np.inf, np.zeros(len(theta)), 0.0
+        # A diverging solve gives ll = -inf (and a zero gradient); the optimisers handle it.
+        ll, g_theta, g_logk = self._fn(np.asarray(theta, float), float(log_kappa))
         return float(ll), np.asarray(g_theta), float(g_logk)
 
 
@@ -155,6 +149,18 @@ def objective(key: str) -> FenrirObjective:
 
 class _Stop(Exception):
     pass
+
+
+def _small_change(f_old, f_new, f_abstol, f_reltol) -> bool:
+    """Optim.jl's function-change test: ``|Δf| <= f_abstol`` or ``|Δf| <= f_reltol |f_new|``."""
+    return abs(f_new - f_old) <= max(f_abstol, f_reltol * abs(f_new))
+
+
+def _early_stopped(history, threshold) -> bool:
+    """The "OURS+" rule of the authors' scripts: the loss changed by less than ``threshold`` in each
+    of the last 3 iterations (``history`` holds the loss at the start and after every iteration)."""
+    change = np.abs(np.diff(history[-4:]))
+    return threshold is not None and change.size >= 3 and bool(np.all(change < threshold))
 
 
 FIRST_STEP = 0.1  # length of L-BFGS-B's first step, as a fraction of the normalised box
@@ -203,12 +209,9 @@ def _lbfgsb(fun, x0, *, f_reltol, f_abstol, gtol=1e-8, maxiter=1000, early_stop=
         # L-BFGS-B calls back at its last evaluated point: reuse that value (no extra solve)
         same = last["x"] is not None and np.array_equal(last["x"], xk)
         history.append(last["f"] if same else fun(xk)[0])
-        change = np.abs(np.diff(history))
-        f_conv = change[-1] <= max(f_abstol, f_reltol * abs(history[-1]))
+        f_conv = _small_change(history[-2], history[-1], f_abstol, f_reltol)
         state["fconv"] = state["fconv"] + 1 if f_conv else 0
-        if state["fconv"] >= 2:
-            raise _Stop
-        if early_stop is not None and change.size >= 3 and np.all(change[-3:] < early_stop):
+        if state["fconv"] >= 2 or _early_stopped(history, early_stop):
             raise _Stop
 
     bounds = [(-x / sc, (1.0 - x) / sc) for x in x0]
@@ -222,6 +225,221 @@ def _lbfgsb(fun, x0, *, f_reltol, f_abstol, gtol=1e-8, maxiter=1000, early_stop=
         return state["x"], float(last["f"] if same else fun(state["x"])[0]), state["nit"]
 
 
+# Optim.jl's Fminbox (the paper's optimiser: OptimizationOptimJL with bounds wraps
+# LBFGS(linesearch=BackTracking()) in Fminbox), re-implemented for the normalised box [0, 1]^n.
+FMINBOX_MUFACTOR = 1e-3  # barrier multiplier μ ← μ · FMINBOX_MUFACTOR after each outer iteration
+FMINBOX_MAX_OUTER = 10  # cap on the outer (barrier) iterations
+LBFGS_MEMORY = 10  # Optim's default
+
+
+def _barrier(x):
+    """Log-barrier of [0, 1]^n and its gradient and Hessian diagonal (``inf`` outside the open box)."""
+    if np.any(x <= 0.0) or np.any(x >= 1.0):
+        return np.inf, None, None
+    return (float(-np.sum(np.log(x) + np.log1p(-x))), -1.0 / x + 1.0 / (1.0 - x),
+            1.0 / x**2 + 1.0 / (1.0 - x) ** 2)
+
+
+def _initial_mu(grad, x, factor=1e-3, fallback=1e-4) -> float:
+    """Fminbox's starting μ: ``factor · ‖∇f‖₁ / Σ_i (1/(x_i − l_i) + 1/(u_i − x_i))`` (the barrier
+    gradient summed edge by edge, so a start in the centre of the box does not give 0);
+    ``fallback`` if that is not positive (e.g. ``∇f = 0``)."""
+    mu = factor * np.sum(np.abs(grad)) / np.sum(1.0 / x + 1.0 / (1.0 - x))
+    return float(mu) if np.isfinite(mu) and mu > 0 else fallback
+
+
+def _two_loop(grad, pairs, h0):
+    """L-BFGS two-loop recursion: ``H grad`` for the inverse-Hessian approximation built from the
+    ``(s, y, 1/sᵀy)`` ``pairs`` (oldest first) on top of the diagonal ``h0``."""
+    q = np.array(grad, float)
+    coef = []
+    for s, y, rho in reversed(pairs):
+        a = rho * (s @ q)
+        q -= a * y
+        coef.append(a)
+    r = h0 * q
+    for (s, y, rho), a in zip(pairs, reversed(coef)):
+        r += s * (a - rho * (y @ r))
+    return r
+
+
+def _backtracking(phi, phi0, dphi0, *, alpha=1.0, alpha_min=0.0, c1=1e-4, rho_hi=0.5, rho_lo=0.1,
+                  max_iter=1000, max_halvings=52):
+    """Armijo backtracking line search with the defaults of LineSearches.jl's ``BackTracking``.
+
+    Parameters
+    ----------
+    phi : callable
+        ``α ↦ F(x + α d)``; ``inf`` where ``F`` is undefined (outside the box, diverging solve).
+    phi0, dphi0 : float
+        ``F(x)`` and the directional derivative ``∇F(x)ᵀ d < 0``.
+    alpha : float
+        Initial trial step (Optim's L-BFGS uses 1).
+    alpha_min : float
+        Steps below this no longer move ``x``: the search fails.
+
+    Returns
+    -------
+    float or None
+        The accepted step (the last one passed to ``phi``), or ``None`` if the search failed.
+
+    Notes
+    -----
+    Non-finite trial values are halved (at most ``max_halvings`` times) before the Armijo test
+    ``φ(α) <= φ(0) + c1 α φ'(0)``; a failed test shrinks ``α`` to the minimiser of the quadratic
+    (first backtrack) or cubic (later backtracks) interpolant, kept within ``[rho_lo α, rho_hi α]``.
+    """
+    a, p = alpha, phi(alpha)
+    for _ in range(max_halvings):
+        if np.isfinite(p):
+            break
+        a /= 2.0
+        p = phi(a)
+    a_prev = p_prev = None
+    for _ in range(max_iter):
+        if p <= phi0 + c1 * a * dphi0:
+            return a
+        r = p - phi0 - dphi0 * a  # > 0 here (the Armijo test failed)
+        if a_prev is None:  # quadratic through φ(0), φ'(0), φ(α)
+            a_new = -dphi0 * a**2 / (2.0 * r)
+        else:  # cubic through φ(0), φ'(0), φ(α_prev), φ(α)
+            r_prev = p_prev - phi0 - dphi0 * a_prev
+            div = 1.0 / (a_prev**2 * a**2 * (a - a_prev))
+            ca = (a_prev**2 * r - a**2 * r_prev) * div
+            cb = (-(a_prev**3) * r + a**3 * r_prev) * div
+            if abs(ca) <= np.finfo(float).eps:
+                a_new = -dphi0 / (2.0 * cb)
+            else:
+                a_new = (-cb + np.sqrt(max(cb**2 - 3.0 * ca * dphi0, 0.0))) / (3.0 * ca)
+        a_prev, p_prev = a, p
+        # a NaN interpolant (non-finite φ) falls back to the largest allowed reduction, as in Julia
+        a = max(min(a_new, rho_hi * a) if np.isfinite(a_new) else rho_hi * a, rho_lo * a)
+        if a < alpha_min:
+            return None
+        p = phi(a)
+    return None
+
+
+def _barrier_lbfgs(fun, x, f, g, mu, *, f_reltol, f_abstol, gtol, maxiter, early_stop, history):
+    """One inner solve of Fminbox: L-BFGS with backtracking on ``F = f + μ b`` (``b`` = log-barrier).
+
+    As Optim's L-BFGS inside Fminbox: the initial inverse Hessian is Fminbox's preconditioner
+    ``diag(1 / (μ ∇²b + 1))`` (no ``sᵀy/yᵀy`` scaling), the first trial step is 1, a non-descent
+    direction restarts from the preconditioned gradient, and the stopping tests (``max |∇F| <= gtol``,
+    the function-change test on ``F`` in two successive iterations, no change of ``x``) apply to ``F``.
+    ``F`` is ``inf`` outside the open box and where the solve diverges, so the line search stays
+    inside. ``history`` (raw ``f`` at the start and after every iteration, shared by the outer
+    iterations like the authors' callback) drives the early stop.
+
+    Returns
+    -------
+    tuple
+        ``(x, f, g, iterations, stopped_early)`` with ``f``, ``g`` the raw objective at ``x``.
+    """
+    def total(xx):
+        b, gb, _ = _barrier(xx)
+        if not np.isfinite(b):
+            return np.inf, None, None, None  # outside the box: no solve
+        ff, gg = fun(xx)
+        if not ff < FAILED:
+            return np.inf, None, None, None  # diverging solve: backtrack
+        return ff + mu * b, gg + mu * gb, ff, np.asarray(gg, float)
+
+    b, gb, _ = _barrier(x)
+    F, G = f + mu * b, g + mu * gb
+    pairs = []
+    history.append(f)  # Optim calls back at the start of every inner solve as well
+    if _early_stopped(history, early_stop):
+        return x, f, g, 0, True
+    if np.max(np.abs(G)) <= gtol:
+        return x, f, g, 0, False
+    n_small = 0
+    for k in range(1, maxiter + 1):
+        h0 = 1.0 / (mu * _barrier(x)[2] + 1.0)
+        d = -_two_loop(G, pairs, h0)
+        if not d @ G < 0:
+            pairs.clear()
+            d = -h0 * G
+        last = {}
+
+        def phi(a):
+            last["a"], last["out"] = a, total(x + a * d)
+            return last["out"][0]
+
+        a = _backtracking(phi, F, d @ G, alpha_min=np.finfo(float).eps / np.max(np.abs(d)))
+        if a is None:  # line search failed: Optim stops the inner solve
+            return x, f, g, k, False
+        F_new, G_new, f_new, g_new = last["out"]  # the accepted step is the last one evaluated
+        x_new = x + a * d
+        s, y = x_new - x, G_new - G
+        if s @ y > 1e-12 * np.linalg.norm(s) * np.linalg.norm(y):  # keep H positive definite
+            pairs = (pairs + [(s, y, 1.0 / (s @ y))])[-LBFGS_MEMORY:]
+        n_small = n_small + 1 if _small_change(F, F_new, f_abstol, f_reltol) else 0
+        moved = not np.array_equal(x_new, x)
+        x, F, G, f, g = x_new, F_new, G_new, f_new, g_new
+        history.append(f)
+        if _early_stopped(history, early_stop):
+            return x, f, g, k, True
+        if not moved or n_small >= 2 or np.max(np.abs(G)) <= gtol:
+            return x, f, g, k, False
+    return x, f, g, maxiter, False
+
+
+def _fminbox(fun, x0, *, f_reltol, f_abstol, gtol=1e-8, maxiter=1000, early_stop=None,
+             mufactor=FMINBOX_MUFACTOR, max_outer=FMINBOX_MAX_OUTER, outer_tols=None):
+    """Interior-point (log-barrier) minimisation on [0, 1]^n emulating Optim.jl's
+    ``Fminbox(LBFGS(linesearch=BackTracking()))``. Returns ``(x, loss, iterations)``.
+
+    Parameters
+    ----------
+    fun : callable
+        ``x ↦ (f(x), ∇f(x))``; ``f >= FAILED`` marks a diverging solve.
+    x0 : array_like
+        Start in [0, 1]^n; coordinates on a bound are moved to 0.01 / 0.99 (as Fminbox does).
+    f_reltol, f_abstol, gtol, maxiter, early_stop
+        As in :func:`_lbfgsb`; the tolerances apply to every inner solve and to the outer loop.
+    mufactor, max_outer : float, int
+        Barrier reduction per outer iteration and cap on the outer iterations.
+    outer_tols : tuple of float, optional
+        ``(f_abstol, f_reltol)`` of the outer loop; ``None``: those of the stage; ``(0, 0)``: Optim's
+        defaults (the outer loop then ends only when ``x`` stops moving, the projected gradient
+        is below ``gtol``, the early stop fires or ``max_outer`` is reached).
+
+    Notes
+    -----
+    Outer iteration: minimise ``F(x) = f(x) + μ Σ_i [−log x_i − log(1 − x_i)]`` with
+    :func:`_barrier_lbfgs` from the current point, then ``μ ← μ · mufactor``; ``μ`` starts at
+    :func:`_initial_mu`. The iterates stay strictly inside the box, unlike L-BFGS-B's projected
+    steps, which can stop on a corner of the box. The outer loop ends when ``f`` changed by less
+    than the tolerances since the previous outer iteration, ``x`` did not move, the projected
+    gradient ``max |x − clip(x − ∇f)|`` is below ``gtol`` or the early stop fired. (Optim's own
+    outer tolerances default to 0, i.e. it iterates until ``x`` stops moving; by default the stage
+    tolerances and the cap are used here instead.) ``iterations`` is the total of inner L-BFGS iterations.
+    """
+    x = np.array(x0, float)
+    x[x <= 0.0] = 0.01
+    x[x >= 1.0] = 0.99
+    f, g = fun(x)
+    if not f < FAILED:
+        return x, float(f), 0
+    g = np.asarray(g, float)
+    mu = _initial_mu(g, x)
+    out_abstol, out_reltol = (f_abstol, f_reltol) if outer_tols is None else outer_tols
+    history, nit = [], 0
+    for _ in range(max_outer):
+        x_new, f_new, g_new, k, stopped = _barrier_lbfgs(
+            fun, x, f, g, mu, f_reltol=f_reltol, f_abstol=f_abstol, gtol=gtol, maxiter=maxiter,
+            early_stop=early_stop, history=history)
+        nit += k
+        done = (stopped or np.array_equal(x_new, x) or _small_change(f, f_new, out_abstol, out_reltol)
+                or np.max(np.abs(x_new - np.clip(x_new - g_new, 0.0, 1.0))) <= gtol)
+        x, f, g = x_new, f_new, g_new
+        if done:
+            break
+        mu *= mufactor
+    return x, float(f), nit
+
+
 def _bump(x, tol=1e-4):
     """Move coordinates that sit on a bound of [0, 1] a little inside (``bump_if_near_bounds``)."""
     x = np.array(x, float)
@@ -230,8 +448,9 @@ def _bump(x, tol=1e-4):
     return x
 
 
-def run_fenrir_learned(key: str, theta0) -> dict:
-    """Fenrir with the diffusion learned jointly with θ (the paper's FENRIR rows)."""
+def run_fenrir_learned(key: str, theta0, optimize=_lbfgsb) -> dict:
+    """Fenrir with the diffusion learned jointly with θ (the paper's FENRIR rows); ``optimize`` is
+    :func:`_lbfgsb` or :func:`_fminbox`."""
     spec, obj = PROBLEMS[key], objective(key)
     lb = np.append(spec["lb"], LOG_KAPPA_BOUNDS[0])
     ub = np.append(spec["ub"], LOG_KAPPA_BOUNDS[1])
@@ -246,13 +465,14 @@ def run_fenrir_learned(key: str, theta0) -> dict:
 
     x0 = (np.append(theta0, LOG_KAPPA0) - lb) / (ub - lb)
     # Optim.jl settings of the paper's get_optprob: abstol 1e-9, reltol 1e-6 (g_tol 1e-8 default)
-    x, loss, nit = _lbfgsb(fun, x0, f_reltol=1e-6, f_abstol=1e-9)
+    x, loss, nit = optimize(fun, x0, f_reltol=1e-6, f_abstol=1e-9)
     z = lb + (ub - lb) * x
     return dict(theta=z[:-1], log_kappa=z[-1], loss=loss, iterations=nit, evaluations=obj.n_evals - n0)
 
 
-def run_tempering(key: str, theta0, early_stopping: bool = True) -> dict:
-    """Diffusion tempering, κ = 10^(20-i), i = 0..20, warm starts; ``early_stopping`` = OURS+."""
+def run_tempering(key: str, theta0, early_stopping: bool = True, optimize=_lbfgsb) -> dict:
+    """Diffusion tempering, κ = 10^(20-i), i = 0..20, warm starts; ``early_stopping`` = OURS+;
+    ``optimize`` is :func:`_lbfgsb` or :func:`_fminbox`."""
     spec, obj = PROBLEMS[key], objective(key)
     lb, ub = spec["lb"], spec["ub"]
     x = (np.asarray(theta0, float) - lb) / (ub - lb)
@@ -270,12 +490,12 @@ def run_tempering(key: str, theta0, early_stopping: bool = True) -> dict:
             return -ll, -g * (ub - lb)
 
         if last:  # the last stage runs to full tolerance (abstol 1e-9, reltol 1e-6)
-            x_new, loss_new, nit = _lbfgsb(fun, _bump(x), f_reltol=1e-6, f_abstol=1e-9)
+            x_new, loss_new, nit = optimize(fun, _bump(x), f_reltol=1e-6, f_abstol=1e-9)
         elif early_stopping:  # OURS+ (authors' low_tol scripts): abstol = reltol = 1e-1, early stop
-            x_new, loss_new, nit = _lbfgsb(fun, _bump(x), f_reltol=1e-1, f_abstol=1e-1,
-                                           early_stop=0.1)
+            x_new, loss_new, nit = optimize(fun, _bump(x), f_reltol=1e-1, f_abstol=1e-1,
+                                            early_stop=0.1)
         else:  # OURS: intermediate stages with abstol 1e-6, reltol 1e-3
-            x_new, loss_new, nit = _lbfgsb(fun, _bump(x), f_reltol=1e-3, f_abstol=1e-6)
+            x_new, loss_new, nit = optimize(fun, _bump(x), f_reltol=1e-3, f_abstol=1e-6)
         nit_total += nit
         if loss_new < FAILED:  # keep the previous point if the stage diverged
             x, loss = x_new, loss_new
@@ -295,7 +515,13 @@ def run_rk(key: str, theta0) -> dict:
                 evaluations=res.n_function_evals, message=res.message)
 
 
-METHODS = {"FENRIR": run_fenrir_learned, "RK": run_rk, "OURS+": run_tempering}
+METHODS = {
+    "FENRIR": run_fenrir_learned, "RK": run_rk, "OURS+": run_tempering,
+    # the same with the interior-point optimiser of the paper (Optim.jl's Fminbox)
+    "FENRIR-IP": partial(run_fenrir_learned, optimize=_fminbox),
+    "OURS+-IP": partial(run_tempering, optimize=_fminbox),
+}
+DEFAULT_METHODS = ("FENRIR", "RK", "OURS+")
 
 
 _DATA: dict = {}
@@ -400,12 +626,12 @@ def complete_starts(df, key: str, methods) -> list[int]:
 
 
 def run_problem(key: str, *, n_starts: int = N_STARTS, budget_min: float = 25.0,
-                processes: int = 2, methods=("FENRIR", "RK", "OURS+"), path: str = RESULTS_CSV,
+                processes: int = 2, methods=DEFAULT_METHODS, path: str = RESULTS_CSV,
                 progress: bool = True) -> None:
-    """Run the initialisations ``0, 1, ...`` of ``key`` not yet cached, in ``processes`` worker
-    processes, until all ``n_starts`` are done or the CPU time spent on ``key`` (all cached runs
-    of it, summed over processes) reaches ``budget_min`` minutes; each finished initialisation is
-    appended to ``path`` at once."""
+    """Run the initialisations ``0, 1, ...`` of ``key`` not yet cached for all ``methods``, in
+    ``processes`` worker processes, until all ``n_starts`` are done or the CPU time spent on ``key``
+    with these ``methods`` (all cached runs, summed over processes) reaches ``budget_min`` minutes;
+    each finished initialisation is appended to ``path`` at once."""
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -415,7 +641,8 @@ def run_problem(key: str, *, n_starts: int = N_STARTS, budget_min: float = 25.0,
     starts = random_starts(key, N_STARTS, seed=START_SEED)[:n_starts]
     df = load_results(path)
     done = set(complete_starts(df, key, methods))
-    spent = float(df.loc[df["problem"] == key, "cpu"].sum()) if len(df) else 0.0
+    mine = (df["problem"] == key) & df["method"].isin(methods)
+    spent = float(df.loc[mine, "cpu"].sum()) if len(df) else 0.0
     todo = [i for i in range(n_starts) if i not in done]
     budget = 60.0 * budget_min
     bar = tqdm(total=n_starts, initial=len(done), desc=f"{key}: initialisations", disable=not progress,
@@ -457,11 +684,13 @@ def main(argv=None) -> None:
     parser.add_argument("--starts", type=int, default=N_STARTS)
     parser.add_argument("--budget-min", type=float, default=25.0)
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=list(METHODS),
+                        help="e.g. FENRIR-IP OURS+-IP for the interior-point (Fminbox) optimiser")
     parser.add_argument("--results", default=RESULTS_CSV)
     args = parser.parse_args(argv)
     for key in args.problems:
         run_problem(key, n_starts=args.starts, budget_min=args.budget_min, processes=args.processes,
-                    path=args.results)
+                    methods=args.methods, path=args.results)
 
 
 if __name__ == "__main__":

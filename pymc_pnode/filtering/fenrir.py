@@ -41,7 +41,6 @@ from pymc_pnode.filtering.odefilter import (
     transition_coefficients,
     update_sqrt,
 )
-from pymc_pnode.filtering.smoother import backward_kernel
 
 _JIT = dict(cache=True, error_model="numpy", nogil=True)
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -310,7 +309,7 @@ def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hb
 
 @nb.njit(**_JIT)
 def _rts_adjoint(g, r_pred, sig_pred, mu_pred, m_next, sig_next, a, q, d, mbar, sbar, inj_mu, inj_sig,
-                 gbar, ymat, work, tmp_a, tmp_b):
+                 gbar, ymat, work, pg, tmp_a, tmp_b):
     """Adjoint of one backward step ``m = μ + G (m⁺ − μ⁻)``, ``P = Σ + G (P⁺ − Σ⁻) Gᵀ``.
 
     ``G = Σ Aᵀ (Σ⁻)⁻¹`` with ``Σ⁻ = r_predᵀ r_pred = A Σ Aᵀ + κ Q``. On entry ``mbar, sbar`` are the
@@ -319,45 +318,43 @@ def _rts_adjoint(g, r_pred, sig_pred, mu_pred, m_next, sig_next, a, q, d, mbar, 
     ``Σ⁻`` already mapped back by ``A``); ``work`` receives ``Σ̄⁻`` (for the κ adjoint).
     """
     dd = g.shape[0]
-    # Ḡ = m̄ (m⁺ − μ⁻)ᵀ + 2 P̄ G (P⁺ − Σ⁻)
+    # Ḡ = m̄ (m⁺ − μ⁻)ᵀ + 2 P̄ G (P⁺ − Σ⁻); P̄ G is kept in pg for Gᵀ P̄ G below
     for i in range(dd):
         for j in range(dd):
             s = 0.0
             for k in range(dd):
                 s += sbar[i, k] * g[k, j]
-            work[i, j] = s
+            pg[i, j] = s
     for i in range(dd):
         for j in range(dd):
             s = mbar[i] * (m_next[j] - mu_pred[j])
             acc = 0.0
             for k in range(dd):
-                acc += work[i, k] * (sig_next[k, j] - sig_pred[k, j])
+                acc += pg[i, k] * (sig_next[k, j] - sig_pred[k, j])
             gbar[i, j] = s + 2.0 * acc
     # Y = Ḡ (Σ⁻)⁻¹, row by row: Rᵀ u = ḡᵀ, R yᵀ = u
     for i in range(dd):
         solve_lower_from_upper_t(r_pred, dd, gbar[i], tmp_a)
         solve_upper(r_pred, dd, tmp_a, ymat[i])
-    # Σ̄⁻ (into work) = −Gᵀ P̄ G − sym(Gᵀ Y); then P̄⁺ = Gᵀ P̄ G (into sbar)
+    # P̄⁺ = Gᵀ P̄ G (into gbar, symmetric); Σ̄⁻ (into work) = −Gᵀ P̄ G − sym(Gᵀ Y)
+    for i in range(dd):
+        for j in range(i, dd):
+            s = 0.0
+            for k in range(dd):
+                s += g[k, i] * pg[k, j]
+            gbar[i, j] = s
+            gbar[j, i] = s
     for i in range(dd):
         for j in range(dd):
             s = 0.0
             for k in range(dd):
-                s += g[k, i] * sbar[k, j]
-            gbar[i, j] = s  # Gᵀ P̄ (Ḡ no longer needed)
+                s += g[k, i] * ymat[k, j]
+            work[i, j] = s
     for i in range(dd):
-        for j in range(dd):
-            s = 0.0
-            for k in range(dd):
-                s += gbar[i, k] * g[k, j]
-            tmp_b[j] = s
-        for j in range(dd):
-            gbar[i, j] = tmp_b[j]  # Gᵀ P̄ G
-    for i in range(dd):
-        for j in range(dd):
-            s = 0.0
-            for k in range(dd):
-                s += g[k, i] * ymat[k, j] + g[k, j] * ymat[k, i]
-            work[i, j] = -gbar[i, j] - 0.5 * s
+        for j in range(i, dd):
+            s = 0.5 * (work[i, j] + work[j, i])
+            work[i, j] = -gbar[i, j] - s
+            work[j, i] = -gbar[j, i] - s
     # Σ̄ += P̄ + sym(Y A); μ̄ += m̄; μ̄⁻ = −Gᵀ m̄; m̄⁺ = Gᵀ m̄
     for i in range(dd):
         for j in range(dd):
@@ -391,6 +388,73 @@ def _rts_adjoint(g, r_pred, sig_pred, mu_pred, m_next, sig_next, a, q, d, mbar, 
     for i in range(dd):
         for j in range(dd):
             inj_sig[i, j] += ymat[i, j]
+
+
+@nb.njit(**_JIT)
+def _backward_step(mu_prev, r_prev, mu_pred, r_pred, a, tvec, sqrt_kappa, rq, q, d, mean, root, g, w, stack,
+                   mean_out):
+    """Push ``N(mean, rootᵀ root)`` at ``t_n`` through the backward kernel of the filter posterior.
+
+    The filter had ``N(mu_prev, r_prevᵀ r_prev)`` at ``t_{n−1}`` and predicted
+    ``N(mu_pred, r_predᵀ r_pred)`` at ``t_n``. The gain ``G = Σ Aᵀ (Σ⁻)⁻¹`` comes from two triangular
+    solves with the stored predicted root; the kernel covariance ``Λ = Σ − G Σ⁻ Gᵀ`` enters in Joseph
+    form ``(I − G A) Σ (I − G A)ᵀ + κ G Q Gᵀ``, so one QR of a ``3D × D`` stack gives the new root
+    (``G`` is written to ``g``, the new mean to ``mean_out``, the new root to ``root``).
+    """
+    dd = (q + 1) * d
+    fill_transition_rows(r_prev, a, q, d, w, 0, 0)  # w = R Aᵀ
+    # stack[:dd] ← A Σ = wᵀ R (R upper triangular), then Gᵀ = R⁻⁻¹ R⁻⁻ᵀ A Σ in place
+    for i in range(dd):
+        for j in range(dd):
+            s = 0.0
+            for k in range(j + 1):
+                s += w[k, i] * r_prev[k, j]
+            stack[i, j] = s
+    for j in range(dd):
+        for i in range(dd):
+            s = stack[i, j]
+            for k in range(i):
+                s -= r_pred[k, i] * stack[k, j]
+            stack[i, j] = s / r_pred[i, i]
+        for i in range(dd - 1, -1, -1):
+            s = stack[i, j]
+            for k in range(i + 1, dd):
+                s -= r_pred[i, k] * stack[k, j]
+            stack[i, j] = s / r_pred[i, i]
+    for i in range(dd):
+        for j in range(dd):
+            g[i, j] = stack[j, i]
+    for i in range(dd):
+        s = mu_prev[i]
+        for j in range(dd):
+            s += g[i, j] * (mean[j] - mu_pred[j])
+        mean_out[i] = s
+    # rows dd..2dd: R (I − G A)ᵀ = R − w Gᵀ; rows 2dd..3dd: √κ (Q̄^{1/2} T ⊗ I) Gᵀ
+    for i in range(dd):
+        for j in range(dd):
+            s = r_prev[i, j]
+            for k in range(dd):
+                s -= w[i, k] * g[j, k]
+            stack[dd + i, j] = s
+    for i in range(q + 1):
+        for k in range(d):
+            row = 2 * dd + i * d + k
+            for c in range(dd):
+                s = 0.0
+                for j in range(q + 1):
+                    s += rq[i, j] * tvec[j] * g[c, j * d + k]
+                stack[row, c] = sqrt_kappa * s
+    # rows 0..dd: root Gᵀ (root upper triangular); written last, it overwrites Gᵀ
+    for i in range(dd):
+        for c in range(dd):
+            s = 0.0
+            for e in range(i, dd):
+                s += root[i, e] * g[c, e]
+            stack[i, c] = s
+    tria_inplace(stack, 3 * dd, dd)
+    for i in range(dd):
+        for c in range(dd):
+            root[i, c] = stack[i, c]
 
 
 _FENRIR_SIG = (
@@ -491,10 +555,8 @@ def fenrir_terms(
     mm = np.empty((dd + m, m + dd))
     resid = np.empty(m)
     g = np.empty((dd, dd))
-    dvec = np.empty(dd)
-    lam = np.empty((dd, dd))
-    r_predn = np.empty((dd, dd))
-    stack = np.empty((2 * dd, dd))
+    work_w = np.empty((dd, dd))
+    stack = np.empty((3 * dd, dd))
     for n in range(n_pts - 1, -1, -1):
         if want_grad:
             m_pre[n] = mean
@@ -510,27 +572,14 @@ def fenrir_terms(
             r_post[n] = root
         if n == 0:
             break
-        backward_kernel(mu_fa[n - 1], r_fa[n - 1], grid[n] - grid[n - 1], kappa, q, d, rq, g, dvec, lam,
-                        r_predn)
+        h = grid[n] - grid[n - 1]
+        transition_coefficients(h, q, a)
+        preconditioner(h, q, tvec)
+        _backward_step(mu_fa[n - 1], r_fa[n - 1], mu_pa[n], r_pa[n], a, tvec, sqrt_kappa, rq, q, d, mean, root,
+                       g, work_w, stack, mean2)
         if want_grad:
             gs[n] = g
-        for r_ in range(dd):
-            s = dvec[r_]
-            for c in range(dd):
-                s += g[r_, c] * mean[c]
-            mean2[r_] = s
-        for r_ in range(dd):
-            for c in range(dd):
-                s = 0.0
-                for e in range(r_, dd):  # root is upper triangular
-                    s += root[r_, e] * g[c, e]
-                stack[r_, c] = s
-                stack[dd + r_, c] = lam[r_, c]
-        tria_inplace(stack, 2 * dd, dd)
         mean[:] = mean2
-        for r_ in range(dd):
-            for c in range(dd):
-                root[r_, c] = stack[r_, c]
         if not (all_finite(mean) and all_finite(root)):
             return terms, grad, False
     for i in range(n_obs):
@@ -561,6 +610,7 @@ def fenrir_terms(
     gbar = np.empty((dd, dd))
     ymat = np.empty((dd, dd))
     work = np.empty((dd, dd))
+    pg = np.empty((dd, dd))
     tmp_a = np.empty(dd)
     tmp_b = np.empty(dd)
     for n in range(n_pts):
@@ -596,7 +646,7 @@ def fenrir_terms(
         _gram_upper(r_pa[n + 1], sig_pred)
         _gram_upper(r_post[n + 1], sig_next)
         _rts_adjoint(gs[n + 1], r_pa[n + 1], sig_pred, mu_pa[n + 1], m_post[n + 1], sig_next, a, q, d, mbar,
-                     sbar, inj_mu[n], inj_sig[n], gbar, ymat, work, tmp_a, tmp_b)
+                     sbar, inj_mu[n], inj_sig[n], gbar, ymat, work, pg, tmp_a, tmp_b)
         grad[kdir] += _noise_inner(work, rq, tvec, q, d)
 
     # ---------------------------------------------------------------- reverse sweep, part 2:
