@@ -19,6 +19,8 @@ import scipy.optimize
 from pytensor.compile.sharedvalue import SharedVariable
 from tqdm.auto import tqdm
 
+from pymc_pnode._lbfgs import minimize_with_restarts
+
 __all__ = ["FitResult", "TemperingResult", "diffusion_tempering", "fit", "tempering_schedule"]
 
 
@@ -141,30 +143,36 @@ def fit(
             ip[value_var.name] = value
     x0 = np.concatenate([np.ravel(ip[v.name]) for v in fn.value_vars]).astype(float)
     history: list[float] = []
+    state = {"x": x0}
 
     def fun(x):
         logp, dlogp = fn(x)
-        if not np.isfinite(logp):
-            return np.inf, np.zeros_like(x)
         return -float(logp), -np.asarray(dlogp, dtype=float)
 
     def callback(xk):
+        state["x"] = np.array(xk)
         history.append(-fun(xk)[0])
         if early_stop is not None and len(history) >= 4:
             if np.all(np.abs(np.diff(history[-4:])) < early_stop):
                 raise _EarlyStop
 
     t0 = time.perf_counter()
-    state = {"x": x0}
-
-    def tracking_callback(xk):
-        state["x"] = np.array(xk)
-        callback(xk)
-
     try:
-        res = scipy.optimize.minimize(fun, x0, jac=True, method=method, tol=tol,
-                                      options={"maxiter": maxiter}, callback=tracking_callback)
-        x, nit, nfev, ok, msg = res.x, res.nit, res.nfev, bool(res.success), str(res.message)
+        if method == "L-BFGS-B":
+            # restarts after line-search stalls (diverging solves, huge |f|); see pymc_pnode._lbfgs
+            options = {} if tol is None else {"ftol": tol, "gtol": tol}
+            res = minimize_with_restarts(fun, x0, is_stationary=_stationary, maxiter=maxiter,
+                                         callback=callback, **options)
+            x, nit, nfev, ok = res.x, res.nit, res.nfev, res.stationary
+            msg = res.message + (f"; {res.restarts} restart(s) after line-search stalls" if res.restarts else "")
+        else:
+            def finite(x):
+                value, grad = fun(x)
+                return (value, grad) if np.isfinite(value) else (np.inf, np.zeros_like(x))
+
+            res = scipy.optimize.minimize(finite, x0, jac=True, method=method, tol=tol,
+                                          options={"maxiter": maxiter}, callback=callback)
+            x, nit, nfev, ok, msg = res.x, res.nit, res.nfev, bool(res.success), str(res.message)
     except _EarlyStop:
         x, nit, nfev = state["x"], len(history), -1
         ok, msg = True, "early stopping: objective changes below threshold"
@@ -172,6 +180,11 @@ def fit(
     value = -fun(x)[0]
     point = _constrained_point(model, fn, x)
     return FitResult(point, float(value), int(nit), int(nfev), ok, msg, elapsed, history)
+
+
+def _stationary(x: np.ndarray, f: float, g: np.ndarray) -> bool:
+    """Relative gradient ``max_i |g_i| max(1, |x_i|) / max(1, |f|)`` below 1e-5."""
+    return float(np.max(np.abs(g) * np.maximum(1.0, np.abs(x)), initial=0.0)) <= 1e-5 * max(1.0, abs(f))
 
 
 def _constrained_point(model: pm.Model, fn: _Objective, x: np.ndarray) -> dict:

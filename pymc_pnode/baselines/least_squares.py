@@ -18,8 +18,9 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import minimize
 
+from pymc_pnode._lbfgs import FAILED_VALUE as _FAILED_VALUE  # returned for failed solves
+from pymc_pnode._lbfgs import minimize_with_restarts
 from pymc_pnode.baselines._inputs import (
     as_positive_float,
     as_positive_int,
@@ -30,10 +31,6 @@ from pymc_pnode.baselines.result import EstimationResult
 from pymc_pnode.baselines.sensitivities import DEFAULT_MAX_NFEV, integrate, validate_method
 
 __all__ = ["least_squares_objective", "rk_least_squares"]
-
-# Returned for infeasible trial points (failed solves). Finite, so that L-BFGS-B's line search
-# backtracks instead of stopping on a non-finite value.
-_FAILED_VALUE = 1e300
 
 # Largest relative projected gradient (see ``_relative_gradient``) accepted as stationary.
 _STATIONARY = 1e-4
@@ -305,41 +302,12 @@ def rk_least_squares(
         return finish(theta0, y0, np.inf, 0, 1, False,
                       f"ODE solve failed at the initial guess: {prob.last_message}")
 
-    # L-BFGS-B's line search gives up (and reports "convergence") when a trial point is infeasible
-    # (a failed solve). Restart from the last accepted point in coordinates scaled by 1/10, so that
-    # the first step, which L-BFGS-B makes of unit length, is ten times shorter; once a restart has
-    # run without failures, continue at full scale.
-    u, nit, nfev, restarts, scale = u0, 0, 0, 0, 1.0
-    lo = np.array([-np.inf if b[0] is None else b[0] for b in lbfgs_bounds])
-    hi = np.array([np.inf if b[1] is None else b[1] for b in lbfgs_bounds])
-    while True:
-        failed_before = prob.n_failed
-        ref, sc = u.copy(), scale
-
-        def scaled(v, ref=ref, sc=sc):
-            value, grad = prob.value_and_grad(ref + sc * v)
-            return value, sc * grad
-
-        vb = [(None if not np.isfinite(a) else (a - r) / sc, None if not np.isfinite(b) else (b - r) / sc)
-              for a, b, r in zip(lo, hi, ref)]
-        res = minimize(
-            scaled, np.zeros_like(ref), jac=True, method="L-BFGS-B", bounds=vb,
-            options={"maxiter": maxiter - nit, "gtol": gtol * sc, "ftol": ftol, "maxcor": 20},
-        )
-        nit += int(res.nit)
-        nfev += int(res.nfev)
-        u = np.clip(ref + sc * res.x, lo, hi)
-        grad = res.jac / sc
-        stationary = _relative_gradient(u, grad, res.fun, lbfgs_bounds) <= _STATIONARY
-        if stationary or restarts >= max_restarts or nit >= maxiter:
-            break
-        if prob.n_failed > failed_before:
-            scale = sc * 0.1
-        elif sc < 1.0:
-            scale = 1.0
-        else:
-            break
-        restarts += 1
+    # Restarts after line-search stalls at failed solves: see pymc_pnode._lbfgs.
+    res = minimize_with_restarts(
+        prob.value_and_grad, u0, bounds=lbfgs_bounds, maxiter=maxiter, gtol=gtol, ftol=ftol,
+        max_restarts=max_restarts,
+        is_stationary=lambda u, f, g: _relative_gradient(u, g, f, lbfgs_bounds) <= _STATIONARY)
+    u, grad, nit, nfev, restarts = res.x, res.jac, res.nit, res.nfev, res.restarts
     theta, y0_est = prob.split(u)
     sol = prob.solve(theta, y0_est, sensitivities=False)
     if not sol.success:  # pragma: no cover - the optimiser only accepts feasible points

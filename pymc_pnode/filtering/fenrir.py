@@ -315,7 +315,8 @@ def _rts_adjoint(g, r_pred, sig_pred, mu_pred, m_next, sig_next, a, q, d, mbar, 
     ``G = Σ Aᵀ (Σ⁻)⁻¹`` with ``Σ⁻ = r_predᵀ r_pred = A Σ Aᵀ + κ Q``. On entry ``mbar, sbar`` are the
     adjoints of ``(m, P)``; on exit those of ``(m⁺, P⁺)``. The adjoints with respect to the ODE
     filter's ``(μ, Σ)`` are added to ``inj_mu, inj_sig`` (those through ``μ⁻ = A μ`` and
-    ``Σ⁻`` already mapped back by ``A``); ``work`` receives ``Σ̄⁻`` (for the κ adjoint).
+    ``Σ⁻`` already mapped back by ``A``); ``work`` receives ``Σ̄⁻`` (for the κ adjoint). ``gbar``,
+    ``ymat``, ``pg``, ``tmp_a`` and ``tmp_b`` are work space.
     """
     dd = g.shape[0]
     # Ḡ = m̄ (m⁺ − μ⁻)ᵀ + 2 P̄ G (P⁺ − Σ⁻); P̄ G is kept in pg for Gᵀ P̄ G below
@@ -403,7 +404,7 @@ def _backward_step(mu_prev, r_prev, mu_pred, r_pred, a, tvec, sqrt_kappa, rq, q,
     """
     dd = (q + 1) * d
     fill_transition_rows(r_prev, a, q, d, w, 0, 0)  # w = R Aᵀ
-    # stack[:dd] ← A Σ = wᵀ R (R upper triangular), then Gᵀ = R⁻⁻¹ R⁻⁻ᵀ A Σ in place
+    # stack[:dd] ← A Σ = wᵀ R (R upper triangular), then in place Gᵀ = (Σ⁻)⁻¹ A Σ by solves with r_pred
     for i in range(dd):
         for j in range(dd):
             s = 0.0

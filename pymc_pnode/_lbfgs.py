@@ -1,0 +1,103 @@
+"""L-BFGS-B with restarts after line-search stalls (used by :func:`pymc_pnode.fit` and the RK
+least-squares baseline).
+
+ODE objectives have infeasible regions: a trial point whose solve diverges has no finite value.
+Such points are given a huge finite value and a zero gradient, so that L-BFGS-B's line search
+backtracks. The line search then often stalls and scipy stops with a "relative reduction" or
+"ABNORMAL" message at a point that is not stationary; the same happens when ``|f|`` is huge and the
+first (unit-length) step is cut back to a tiny one. We restart from the last accepted point: in
+coordinates scaled by 1/10 (a ten times shorter first step) if infeasible points were met, at full
+scale otherwise, for as long as the objective keeps decreasing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from scipy.optimize import minimize
+
+FAILED_VALUE = 1e300
+
+
+@dataclass
+class RestartedMinimum:
+    x: np.ndarray
+    fun: float
+    jac: np.ndarray
+    nit: int
+    nfev: int
+    restarts: int
+    n_failed: int
+    message: str
+    success: bool  # scipy's flag for the last run
+    stationary: bool
+
+
+def minimize_with_restarts(
+    fun: Callable[[np.ndarray], tuple[float, np.ndarray]],
+    x0: np.ndarray,
+    *,
+    is_stationary: Callable[[np.ndarray, float, np.ndarray], bool],
+    bounds: list | None = None,
+    maxiter: int = 1000,
+    gtol: float = 1e-5,
+    ftol: float = 2.220446049250313e-09,
+    max_restarts: int = 10,
+    callback: Callable[[np.ndarray], None] | None = None,
+) -> RestartedMinimum:
+    """Minimise ``fun`` (returning value and gradient) by L-BFGS-B with restarts.
+
+    A non-finite value (or one of at least ``FAILED_VALUE``) marks an infeasible point. ``is_stationary(x, f, g)`` decides whether a stop
+    is final; ``bounds`` are ``(lo, hi)`` pairs with ``None`` for no bound; ``callback(x)`` is
+    called after every iteration with the current point (an exception raised there propagates).
+    """
+    x0 = np.asarray(x0, dtype=np.float64)
+    n = x0.size
+    bounds = bounds or [(None, None)] * n
+    lo = np.array([-np.inf if b[0] is None else b[0] for b in bounds], dtype=np.float64)
+    hi = np.array([np.inf if b[1] is None else b[1] for b in bounds], dtype=np.float64)
+    counts = {"failed": 0}
+
+    def feasible(x):
+        value, grad = fun(x)
+        if not np.isfinite(value) or value >= FAILED_VALUE:
+            counts["failed"] += 1
+            return FAILED_VALUE, np.zeros(n)
+        return float(value), np.asarray(grad, dtype=np.float64)
+
+    x, (f, g) = x0.copy(), feasible(x0)
+    nit = nfev = restarts = 0
+    scale, message, success = 1.0, "", False
+    while True:
+        failed_before = counts["failed"]
+        ref, sc = x.copy(), scale
+
+        def scaled(v, ref=ref, sc=sc):
+            value, grad = feasible(ref + sc * v)
+            return value, sc * grad
+
+        cb = None if callback is None else (lambda v, ref=ref, sc=sc: callback(ref + sc * v))
+        vb = [(None if not np.isfinite(a) else (a - r) / sc, None if not np.isfinite(b) else (b - r) / sc)
+              for a, b, r in zip(lo, hi, ref)]
+        res = minimize(scaled, np.zeros(n), jac=True, method="L-BFGS-B", bounds=vb, callback=cb,
+                       options={"maxiter": max(maxiter - nit, 1), "gtol": gtol * sc, "ftol": ftol,
+                                "maxcor": 20})
+        nit += int(res.nit)
+        nfev += int(res.nfev)
+        message, success = str(res.message), bool(res.success)
+        improved = float(res.fun) < f
+        if float(res.fun) <= f:
+            x, f, g = np.clip(ref + sc * res.x, lo, hi), float(res.fun), np.asarray(res.jac) / sc
+        stationary = f != FAILED_VALUE and bool(is_stationary(x, f, g))
+        if stationary or restarts >= max_restarts or nit >= maxiter:
+            break
+        if counts["failed"] > failed_before:
+            scale = sc * 0.1
+        elif improved:
+            scale = 1.0
+        else:
+            break
+        restarts += 1
+    return RestartedMinimum(x, f, g, nit, nfev, restarts, counts["failed"], message, success, stationary)
