@@ -223,13 +223,13 @@ def timing_table(data: np.ndarray, steps, repeats: int, peer) -> list[tuple]:
 PRIOR_THETA_SD, PRIOR_Y0_SD, PRIOR_SIGMA_SD = 0.5, 0.5, 0.2
 
 
-def pymc_model(kind: str, data: np.ndarray, step: float):
+def pymc_model(kind: str, data: np.ndarray, step: float, y0_known: bool):
     """The benchmark posterior in PyMC with the Fenrir likelihood or ``pm.ode.DifferentialEquation``."""
     import pymc as pm
 
     with pm.Model() as model:
         theta = pm.LogNormal("theta", np.log(THETA), PRIOR_THETA_SD, shape=3)
-        y0 = pm.Normal("y0", Y0, PRIOR_Y0_SD, shape=2)
+        y0 = Y0 if y0_known else pm.Normal("y0", Y0, PRIOR_Y0_SD, shape=2)
         sigma = pm.HalfNormal("sigma", PRIOR_SIGMA_SD)
         if kind == "fenrir":
             ode = pn.ODE(fhn, n_states=2, n_theta=3)
@@ -243,19 +243,20 @@ def pymc_model(kind: str, data: np.ndarray, step: float):
 
 
 def run_pymc_nuts(kind: str, data, step: float, chains: int, tune: int, draws: int, seed: int,
-                  dense: bool, mode=None) -> dict:
+                  dense: bool, y0_known: bool, mode=None) -> dict:
     """``pm.sample`` (NUTS, chains one after another) started at the true values; dense or diagonal
     mass-matrix adaptation."""
     import pymc as pm
 
-    model = pymc_model(kind, data, step)
+    model = pymc_model(kind, data, step, y0_known)
+    initvals = {"theta": THETA, "sigma": SIGMA} if y0_known else {"theta": THETA, "y0": Y0, "sigma": SIGMA}
     kwargs = {} if mode is None else {"compile_kwargs": {"mode": mode}}
     load0 = load_avg()
     t0 = time.perf_counter()
     with model:
         idata = pm.sample(draws=draws, tune=tune, chains=chains, cores=1,
                           init="adapt_full" if dense else "adapt_diag",
-                          initvals={"theta": THETA, "y0": Y0, "sigma": SIGMA}, random_seed=seed,
+                          initvals=initvals, random_seed=seed,
                           progressbar=False, compute_convergence_checks=False,
                           discard_tuned_samples=False, **kwargs)
     wall = time.perf_counter() - t0
@@ -270,7 +271,7 @@ def summarise(idata, tune: int, seconds: float, wall: float, n_grad: int, diverg
     import arviz as az
 
     post = idata.posterior
-    ess = az.ess(post[["theta", "y0", "sigma"]], method="bulk")
+    ess = az.ess(post[[v for v in ("theta", "y0", "sigma") if v in post]], method="bulk")
     th = post["theta"].mean(("chain", "draw")).values
     n_draws = post.sizes["chain"] * post.sizes["draw"]
     return dict(ess=float(min(ess[v].values.min() for v in ess.data_vars)), seconds=seconds,
@@ -308,7 +309,7 @@ class CompileClock:
 
 
 def run_blackjax_nuts(peer, data, step: float, chains: int, tune: int, draws: int, seed: int,
-                      dense: bool):
+                      dense: bool, y0_known: bool):
     """probdiffeq likelihood + BlackJAX NUTS (Stan-style window adaptation), same posterior."""
     try:
         import blackjax
@@ -322,8 +323,10 @@ def run_blackjax_nuts(peer, data, step: float, chains: int, tune: int, draws: in
     loglik = probdiffeq_loglik(peer, data, step)
 
     def logdensity(z):
-        # z = [log theta (3), y0 (2), log sigma]: PyMC's transforms, with their log-Jacobians.
-        log_theta, y0, log_sigma = z[:3], z[3:5], z[5]
+        # z = [log theta (3), y0 (2, unless known), log sigma]: PyMC's transforms, with their
+        # log-Jacobians.
+        log_theta, log_sigma = z[:3], z[-1]
+        y0 = jnp.asarray(Y0) if y0_known else z[3:5]
         sigma = jnp.exp(log_sigma)
         lp = -0.5 * jnp.sum(((log_theta - jnp.log(THETA)) / PRIOR_THETA_SD) ** 2)
         lp += -0.5 * jnp.sum(((y0 - Y0) / PRIOR_Y0_SD) ** 2)
@@ -332,7 +335,8 @@ def run_blackjax_nuts(peer, data, step: float, chains: int, tune: int, draws: in
 
     clock = CompileClock()
     monitoring.register_event_time_span_listener(clock)
-    z0 = jnp.concatenate([jnp.log(THETA), jnp.asarray(Y0), jnp.log(jnp.array([SIGMA]))])
+    z0 = jnp.concatenate([jnp.log(THETA), jnp.zeros(0) if y0_known else jnp.asarray(Y0),
+                          jnp.log(jnp.array([SIGMA]))])
     key = jax.random.key(seed)
     samples, divergences, n_grad = [], 0, 0
     load0 = load_avg()
@@ -359,15 +363,17 @@ def run_blackjax_nuts(peer, data, step: float, chains: int, tune: int, draws: in
         monitoring.unregister_event_time_span_listener(clock)
     wall = time.perf_counter() - t0
     z = np.stack(samples)  # (chain, draw, 6)
-    idata = az.from_dict(posterior={"theta": np.exp(z[..., :3]), "y0": z[..., 3:5],
-                                    "sigma": np.exp(z[..., 5])})
+    post = {"theta": np.exp(z[..., :3]), "sigma": np.exp(z[..., -1])}
+    if not y0_known:
+        post["y0"] = z[..., 3:5]
+    idata = az.from_dict(posterior=post)
     return summarise(idata, tune, wall - clock.seconds(), wall, n_grad, divergences, load0)
 
 
 def nuts_table(data, peer, args) -> list[tuple[str, dict]]:
     """Run the requested samplers one after another; rows ``(label, summary)``."""
     common = dict(chains=args.chains, tune=args.tune, draws=args.draws, seed=args.seed,
-                  dense=args.mass_matrix == "dense")
+                  dense=args.mass_matrix == "dense", y0_known=args.nuts_y0 == "known")
     results = []
     if "fenrir" in args.samplers:
         results.append(("pymc_pnode Fenrir, pm.sample",
@@ -407,6 +413,8 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=200)
     parser.add_argument("--mass-matrix", choices=["dense", "diag"], default="dense",
                         help="mass-matrix adaptation of every sampler (the posterior is strongly correlated)")
+    parser.add_argument("--nuts-y0", choices=["known", "unknown"], default="known",
+                        help="y0 in the NUTS posterior (unknown: a thin ridge, tree depth 8-10)")
     parser.add_argument("--ode-chains", type=int, help="chains for pm.ode (default: --chains)")
     parser.add_argument("--ode-tune", type=int, help="tune steps for pm.ode (default: --tune)")
     parser.add_argument("--ode-draws", type=int, help="draws for pm.ode (default: --draws)")
@@ -436,7 +444,7 @@ def main() -> None:
 
     if args.nuts:
         print(f"\nNUTS, step {args.nuts_step}, chains run one after another, started at the true values, "
-              f"{args.mass_matrix} mass matrix",
+              f"{args.mass_matrix} mass matrix, y0 {args.nuts_y0}",
               flush=True)
         results = nuts_table(data, peer, args)
         print("\n| sampler | chains × (tune + draws) | min bulk ESS | sampling time [s] | ESS/s | "
