@@ -1,7 +1,7 @@
 """Diffusion-tempering paper (Beck et al., ICML 2024), Table 1: pendulum (1 parameter) and
 Lotka-Volterra (2 parameters), notes 002 §10.4-10.5. Used by ``fenrir_dt_table1.ipynb``.
 
-For every random initialisation (drawn uniformly from the parameter box) three estimators are run:
+For every random initialisation (drawn uniformly from the parameter box) these estimators are run:
 
 * ``FENRIR`` -- Fenrir with learned diffusion: the parameters and ``log κ`` are optimised jointly
   (``log κ`` starts at ``log 1e20``, box ``[log 1e-20, log 1e50]``), as in the paper's
@@ -12,21 +12,26 @@ For every random initialisation (drawn uniformly from the parameter box) three e
   (:func:`pymc_pnode.tempering_schedule` ``"linear"``), each stage warm-started at the previous
   optimum, bumped inside the box if it sits on a bound; intermediate stages use the loose
   tolerances (1e-1 absolute / relative) and the 3-iteration early stop of the authors'
-  ``*-low_tol_tempered_diff`` scripts, the last stage runs to full tolerance.
+  ``*-low_tol_tempered_diff`` scripts, the last stage runs to full tolerance;
+* ``FENRIR-IP``, ``OURS+-IP`` -- the same two estimators with :func:`_fminbox`, an interior-point
+  (log-barrier) optimiser emulating Optim.jl's ``Fminbox(LBFGS(linesearch=BackTracking()))``, which
+  is what the paper's code (OptimizationOptimJL with bounds) runs; its iterates never touch the box.
 
 Fenrir terms use :func:`pymc_pnode.fenrir_loglik` (EK1, IWP(3), step 0.01, known observation noise
 ``σ² = 0.1``), compiled once per process into one PyTensor function returning the log-likelihood and
-its exact gradient. Optimisation is box-constrained L-BFGS-B in coordinates normalised to
-``[0, 1]`` as in the paper (its eq. 17).
+its exact gradient. Optimisation is in coordinates normalised to ``[0, 1]`` as in the paper (its
+eq. 17): scipy's box-constrained L-BFGS-B (:func:`_lbfgsb`) or the interior-point :func:`_fminbox`.
 
 Command line (the heavy loop; results are cached, one row per run, in
 ``fenrir_dt_table1_results.csv`` next to this file; a second call resumes)::
 
     python fenrir_dt_table1.py --problems PD LV --starts 100 --budget-min 25 --processes 2
+    python fenrir_dt_table1.py --problems PD LV --methods FENRIR-IP OURS+-IP --processes 1
 
-``--budget-min`` is the compute budget per problem in CPU minutes summed over the worker
-processes: new initialisations are started only while the CPU time spent on that problem (in
-this and earlier calls) is below it.
+``--methods`` selects the estimators (default ``FENRIR RK OURS+``). ``--budget-min`` is the compute
+budget per problem in CPU minutes summed over the worker processes: new initialisations are
+started only while the CPU time spent on that problem with these methods (in this and earlier
+calls) is below it.
 """
 
 from __future__ import annotations
