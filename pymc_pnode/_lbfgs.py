@@ -49,9 +49,10 @@ def minimize_with_restarts(
 ) -> RestartedMinimum:
     """Minimise ``fun`` (returning value and gradient) by L-BFGS-B with restarts.
 
-    A non-finite value (or one of at least ``FAILED_VALUE``) marks an infeasible point. ``is_stationary(x, f, g)`` decides whether a stop
-    is final; ``bounds`` are ``(lo, hi)`` pairs with ``None`` for no bound; ``callback(x)`` is
-    called after every iteration with the current point (an exception raised there propagates).
+    A non-finite value (or one of at least ``FAILED_VALUE``) marks an infeasible point.
+    ``is_stationary(x, f, g)`` decides whether a stop is final; ``bounds`` are ``(lo, hi)`` pairs with
+    ``None`` for no bound; ``callback(x)`` is called after every iteration with the current point (an
+    exception raised there propagates).
     """
     x0 = np.asarray(x0, dtype=np.float64)
     n = x0.size

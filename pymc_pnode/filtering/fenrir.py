@@ -404,27 +404,15 @@ def _backward_step(mu_prev, r_prev, mu_pred, r_pred, a, tvec, sqrt_kappa, rq, q,
     """
     dd = (q + 1) * d
     fill_transition_rows(r_prev, a, q, d, w, 0, 0)  # w = R Aᵀ
-    # stack[:dd] ← A Σ = wᵀ R (R upper triangular), then in place Gᵀ = (Σ⁻)⁻¹ A Σ by solves with r_pred
+    # rows of G: Σ⁻ gᵢᵀ = (Σ Aᵀ)ᵢᵀ with Σ Aᵀ = Rᵀ w (R upper triangular), by two solves with r_pred
     for i in range(dd):
         for j in range(dd):
             s = 0.0
-            for k in range(j + 1):
-                s += w[k, i] * r_prev[k, j]
-            stack[i, j] = s
-    for j in range(dd):
-        for i in range(dd):
-            s = stack[i, j]
-            for k in range(i):
-                s -= r_pred[k, i] * stack[k, j]
-            stack[i, j] = s / r_pred[i, i]
-        for i in range(dd - 1, -1, -1):
-            s = stack[i, j]
-            for k in range(i + 1, dd):
-                s -= r_pred[i, k] * stack[k, j]
-            stack[i, j] = s / r_pred[i, i]
-    for i in range(dd):
-        for j in range(dd):
-            g[i, j] = stack[j, i]
+            for k in range(i + 1):
+                s += r_prev[k, i] * w[k, j]
+            g[i, j] = s
+        solve_lower_from_upper_t(r_pred, dd, g[i], g[i])
+        solve_upper(r_pred, dd, g[i], g[i])
     for i in range(dd):
         s = mu_prev[i]
         for j in range(dd):
@@ -445,7 +433,7 @@ def _backward_step(mu_prev, r_prev, mu_pred, r_pred, a, tvec, sqrt_kappa, rq, q,
                 for j in range(q + 1):
                     s += rq[i, j] * tvec[j] * g[c, j * d + k]
                 stack[row, c] = sqrt_kappa * s
-    # rows 0..dd: root Gᵀ (root upper triangular); written last, it overwrites Gᵀ
+    # rows 0..dd: root Gᵀ (root upper triangular)
     for i in range(dd):
         for c in range(dd):
             s = 0.0
