@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
-from pytensor.graph.basic import Variable
+from pytensor.graph.basic import Constant, Variable
 from pytensor.printing import debugprint
 
 from pymc_pnode import _codegen
@@ -289,6 +289,26 @@ class ODE:
             raise ValueError(f"{name} must be finite, got {arr}")
         return np.ascontiguousarray(arr)
 
+    def y0_tensor(self, y0, name: str = "y0") -> pt.TensorVariable:
+        """``y0`` as a float64 PyTensor vector of shape ``(n_states,)`` for a model graph.
+
+        Numbers are validated now (:meth:`validate_y0`); a symbolic value (e.g. a random variable)
+        must be a vector whose static length, if known, is ``n_states``; its length is pinned with
+        ``specify_shape``, so a wrong run-time length fails instead of being misread. A scalar is
+        accepted for a one-state ODE.
+        """
+        return _vector_tensor(y0, name, self.n_states, self.validate_y0)
+
+    def theta_tensor(self, theta, name: str = "theta") -> pt.TensorVariable:
+        """``theta`` as a float64 PyTensor vector of shape ``(n_theta,)``; see :meth:`y0_tensor`.
+
+        ``None`` stands for "no parameters" and is accepted only when ``n_theta == 0``.
+        """
+        if theta is None and self.n_theta:
+            raise ValueError(f"{name} is required: the ODE has n_theta={self.n_theta}")
+        return _vector_tensor(np.zeros(0) if theta is None else theta, name, self.n_theta,
+                              self.validate_theta)
+
     def f(self, y: Sequence[float], t: float, theta: Sequence[float]) -> np.ndarray:
         """Evaluate the vector field at one point (convenience; kernels call ``rhs`` directly)."""
         out = np.empty(self.n_states)
@@ -308,3 +328,22 @@ class ODE:
     def __reduce__(self):
         # Compiled functions do not pickle; rebuild from the user function (cheap: disk cache).
         return (ODE, (self.func, self.n_states, self.n_theta, self.t0))
+
+
+def _vector_tensor(value, name: str, size: int, validate: Callable) -> pt.TensorVariable:
+    """Shared body of :meth:`ODE.y0_tensor` and :meth:`ODE.theta_tensor`."""
+    if isinstance(value, Constant):
+        value = value.data
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Variable) for v in value):
+        value = pt.stack([pt.as_tensor_variable(v) for v in value]) if value else np.zeros(0)
+    if not isinstance(value, Variable):
+        arr = np.asarray(value, dtype=np.float64)
+        return pt.as_tensor_variable(validate(arr.reshape(1) if arr.ndim == 0 and size == 1 else arr, name))
+    var = value if value.dtype == "float64" else pt.cast(value, "float64")
+    if var.ndim == 0 and size == 1:
+        var = var[None]
+    if var.ndim != 1:
+        raise ValueError(f"{name} must be a vector of length {size}, got a tensor with ndim={var.ndim}")
+    if var.type.shape[0] is not None and var.type.shape[0] != size:
+        raise ValueError(f"{name} must have shape ({size},), got ({var.type.shape[0]},)")
+    return pt.specify_shape(var, (size,))

@@ -56,7 +56,11 @@ class EK1(_ODEFilter):
 
 @dataclass(frozen=True)
 class EK0(_ODEFilter):
-    """Zeroth-order extended Kalman ODE filter (no Jacobian; explicit, not A-stable)."""
+    """Zeroth-order extended Kalman ODE filter (no Jacobian; explicit, not A-stable).
+
+    Its stability interval shrinks quickly with the order: with fixed steps prefer ``order <= 3``
+    or small steps (``y' = -y`` with ``order=5`` diverges at step 0.05), or use :class:`EK1`.
+    """
 
     ek1: bool = field(default=False, init=False, repr=False)
 

@@ -146,14 +146,57 @@ def test_diverging_solve_gives_minus_infinity_and_zero_gradient():
         (dict(obs_sigma=-0.1), "obs_sigma"),
         (dict(diffusion=0.0), "diffusion"),
         (dict(step=0.0), "step"),
+        (dict(times=[[0.5], [1.0], [2.0]]), "times"),
+        (dict(data=np.array([[0.0], [np.inf], [0.0]])), "finite"),
+        (dict(theta=[0.2, 0.2]), "theta"),
+        (dict(theta=[0.2, 0.2, 3.0, 1.0]), "theta"),
+        (dict(y0=[-1.0]), "y0"),
+        (dict(y0=[np.nan, 1.0]), "y0"),
     ],
 )
 def test_bad_input(kwargs, match, fhn_ode):
-    args = dict(times=[0.5, 1.0, 2.0], data=np.zeros((3, 1)), obs_matrix=[[1.0, 0.0]], obs_sigma=0.1,
-                diffusion=1.0, step=0.1)
+    args = dict(y0=[-1.0, 1.0], theta=[0.2, 0.2, 3.0], times=[0.5, 1.0, 2.0], data=np.zeros((3, 1)),
+                obs_matrix=[[1.0, 0.0]], obs_sigma=0.1, diffusion=1.0, step=0.1)
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        pn.fenrir_loglik(fhn_ode, [-1.0, 1.0], [0.2, 0.2, 3.0], args.pop("times"), args.pop("data"), **args)
+        pn.fenrir_loglik(fhn_ode, args.pop("y0"), args.pop("theta"), args.pop("times"), args.pop("data"),
+                         **args)
+
+
+def test_parameter_lengths_checked_at_build_and_run_time(fhn_ode):
+    kw = dict(times=[0.5, 1.0], observed=np.zeros((2, 1)), obs_matrix=[[1.0, 0.0]], obs_sigma=0.1,
+              diffusion=1.0, step=0.1)
+    with pm.Model():
+        with pytest.raises(ValueError, match=r"theta must have shape \(3,\)"):
+            pn.Fenrir("a", fhn_ode, y0=[-1.0, 1.0], theta=pm.HalfNormal("t2", shape=2), **kw)
+        with pytest.raises(ValueError, match=r"y0 must have shape \(2,\)"):
+            pn.Fenrir("b", fhn_ode, y0=pm.Normal("y3", shape=3), theta=[0.2, 0.2, 3.0], **kw)
+    # a symbolic theta of unknown length is pinned: a wrong run-time length fails loudly
+    theta = pt.vector("theta")
+    ll = pn.fenrir_loglik(fhn_ode, [-1.0, 1.0], theta, kw["times"], kw["observed"], obs_matrix=[[1.0, 0.0]],
+                          obs_sigma=0.1, diffusion=1.0, step=0.1)
+    fn = pytensor.function([theta], ll)
+    assert np.isfinite(fn([0.2, 0.2, 3.0]))
+    with pytest.raises(AssertionError):
+        fn([0.2, 0.2])
+
+
+def test_scalar_y0_and_noise_scales_declared_with_dims():
+    logistic = pn.ODE(lambda y, t, p: [p[0] * y[0] * (1.0 - y[0])], n_states=1, n_theta=1)
+    times = np.array([1.0, 2.0, 4.0])
+    truth = 1.0 / (1.0 + 9.0 * np.exp(-times))
+    with pm.Model(coords={"time": times, "obs": ["x"]}) as model:
+        y0 = pm.Beta("y0", 1.0, 5.0)  # scalar for a one-state ODE
+        sigma = pm.HalfNormal("sigma", 0.1, dims="obs")  # static length unknown
+        pn.Fenrir("x", logistic, y0=y0, theta=1.0, times=times, observed=truth[:, None], obs_sigma=sigma,
+                  diffusion=1.0, step=0.1, dims=("time", "obs"))
+    logp = model.compile_logp()
+    point = {"y0_logodds__": np.log(0.1 / 0.9), "sigma_log__": np.log([0.01])}
+    ref = pn.fenrir_loglik(logistic, [0.1], [1.0], times, truth[:, None], obs_sigma=0.01, diffusion=1.0,
+                           step=0.1).eval()
+    prior = (pm.logp(pm.Beta.dist(1.0, 5.0), 0.1) + np.log(0.1 * 0.9)
+             + pm.logp(pm.HalfNormal.dist(0.1), 0.01) + np.log(0.01)).eval()
+    assert logp(point) == pytest.approx(ref + prior, rel=1e-10)
 
 
 @pytest.fixture(scope="module")

@@ -516,22 +516,6 @@ class FixedStepSolver:
 
 
 # ----------------------------------------------------------------------------------- PyTensor Ops
-def _vector_input(x, name: str, size: int, validate) -> pt.TensorVariable:
-    if isinstance(x, (pt.TensorVariable, pt.TensorConstant)) or hasattr(x, "owner"):
-        var = pt.as_tensor_variable(x)
-    elif isinstance(x, (list, tuple)) and any(hasattr(v, "owner") for v in x):
-        var = pt.stack([pt.as_tensor_variable(v) for v in x]) if x else pt.zeros((0,))
-    else:
-        return pt.as_tensor_variable(validate(x, name))
-    if var.ndim != 1:
-        raise ValueError(f"{name} must be a 1-d vector of length {size}, got ndim={var.ndim}")
-    if var.type.shape[0] is not None and var.type.shape[0] != size:
-        raise ValueError(f"{name} must have length {size}, got {var.type.shape[0]}")
-    if var.dtype != "float64":
-        var = pt.cast(var, "float64")
-    return pt.specify_shape(var, (size,))
-
-
 def _as_array(x, size: int, name: str) -> np.ndarray:
     arr = np.ascontiguousarray(x, dtype=np.float64)
     if arr.shape != (size,):
@@ -676,13 +660,7 @@ def rk_solve(
 def solver_op(solver: FixedStepSolver, y0, theta) -> pt.TensorVariable:
     """Apply the forward Op of an existing :class:`FixedStepSolver` to ``(y0, theta)``."""
     ode = solver.ode
-    y0_var = _vector_input(y0, "y0", ode.n_states, ode.validate_y0)
-    if theta is None:
-        if ode.n_theta:
-            raise ValueError(f"theta is required: the ODE has n_theta={ode.n_theta}")
-        theta = np.zeros(0)
-    theta_var = _vector_input(theta, "theta", ode.n_theta, ode.validate_theta)
-    return RKSolveOp(solver)(y0_var, theta_var)[0]
+    return RKSolveOp(solver)(ode.y0_tensor(y0), ode.theta_tensor(theta))[0]
 
 
 # ----------------------------------------------------------------------------------- numba mode

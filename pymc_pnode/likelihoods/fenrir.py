@@ -51,6 +51,8 @@ class FenrirProblem:
         if step is None or not (float(step) > 0 and math.isfinite(float(step))):
             raise ValueError(f"step must be positive and finite, got {step!r}")
         times = np.atleast_1d(np.asarray(times, dtype=np.float64))
+        if times.ndim != 1:
+            raise ValueError(f"times must be a 1-d array, got shape {times.shape}")
         if times.size and times[0] < ode.t0:
             raise ValueError(f"times must not precede the initial time t0={ode.t0}, got {times[0]}")
         t_end = float(times[-1]) if times.size else ode.t0
@@ -103,6 +105,9 @@ class FenrirProblem:
         kappa = float(kappa)
         y0 = np.ascontiguousarray(y0, dtype=np.float64)
         theta = np.ascontiguousarray(theta, dtype=np.float64)
+        if y0.shape != (ode.n_states,) or theta.shape != (ode.n_theta,):
+            raise ValueError(f"y0 and theta must have shapes ({ode.n_states},) and ({ode.n_theta},), "
+                             f"got {y0.shape} and {theta.shape}")
         want_grad = cotangent is not None
         cot = (np.ascontiguousarray(cotangent, dtype=np.float64).reshape(-1) if want_grad
                else np.zeros(0))
@@ -192,7 +197,7 @@ class FenrirVJPOp(Op):
 def _numba_fenrir_evaluate(problem: FenrirProblem):
     """A numba function ``(y0, θ, data, σ, κ, cotangent, want_grad) -> (terms, grad)``."""
     rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac = problem.kernel_arguments()
-    q, d = problem.solver.order, problem.ode.n_states
+    q, d, k = problem.solver.order, problem.ode.n_states, problem.ode.n_theta
     rq, ek1 = problem.solver.prior.Q_bar_sqrt, problem.solver.ek1
     grid, obs_at, cmat = problem.grid, problem.obs_at, problem.obs_matrix
     missing = problem.missing
@@ -215,6 +220,8 @@ def _numba_fenrir_evaluate(problem: FenrirProblem):
         kap = np.asarray(kappa).item()
         y0c = np.ascontiguousarray(y0).astype(np.float64)
         thc = np.ascontiguousarray(theta).astype(np.float64)
+        if y0c.size != d or thc.size != k:
+            raise ValueError("Fenrir: y0 or theta has the wrong length")
         cot = np.ascontiguousarray(cotangent).astype(np.float64)
         ok = kap > 0.0 and np.all(sigma_full > 0.0) and np.all(np.isfinite(y0c)) and np.all(np.isfinite(thc))
         terms = np.full(n_obs, -np.inf)
@@ -288,18 +295,22 @@ def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, step):
     sigma = pt.as_tensor_variable(obs_sigma, dtype="float64")
     if sigma.ndim > 1:
         raise ValueError("obs_sigma must be a scalar or a vector")
-    n_sigma = 1 if sigma.ndim == 0 else sigma.type.shape[0]
-    if n_sigma is None:
-        raise ValueError("obs_sigma must have a static length (e.g. shape=m in its PyMC definition)")
     arr = np.asarray(data, dtype=np.float64)
     if arr.ndim == 1:
         arr = arr[:, None]
     if arr.ndim != 2:
         raise ValueError(f"data must have shape (len(times), n_observed), got {np.shape(data)}")
+    n_sigma = 1 if sigma.ndim == 0 else sigma.type.shape[0]
+    if n_sigma is None:
+        # e.g. a random variable declared with dims: one scale per observed component
+        n_sigma = arr.shape[1]
+        sigma = pt.specify_shape(sigma, (n_sigma,))
     problem = FenrirProblem.build(ode, times, arr.shape, obs_matrix, n_sigma, solver, step)
     missing = np.isnan(arr)
     if np.all(missing):
         raise ValueError("data contains no observed (non-NaN) values")
+    if np.any(np.isinf(arr)):
+        raise ValueError("data must be finite or NaN (missing); it contains ±inf")
     return problem.with_missing(missing), np.where(missing, 0.0, arr), sigma
 
 
@@ -353,7 +364,8 @@ def fenrir_loglik(
         Scalar log-likelihood (or the (T,) terms). ``-inf`` when the solve diverges.
     """
     problem, filled, sigma = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, step)
-    terms = FenrirOp(problem)(y0, theta, pt.as_tensor_variable(filled), sigma, diffusion)
+    terms = FenrirOp(problem)(ode.y0_tensor(y0), ode.theta_tensor(theta), pt.as_tensor_variable(filled), sigma,
+                              diffusion)
     return terms if pointwise else terms.sum()
 
 
@@ -423,10 +435,7 @@ def Fenrir(
         The observed variable.
     """
     problem, filled, sigma = _prepare(ode, times, observed, obs_matrix, obs_sigma, diffusion, solver, step)
-    y0 = pt.as_tensor_variable(y0, dtype="float64")
-    theta = pt.as_tensor_variable(theta, dtype="float64")
-    if theta.ndim == 0:
-        theta = theta[None]
+    y0, theta = ode.y0_tensor(y0), ode.theta_tensor(theta)
     kappa = pt.as_tensor_variable(diffusion, dtype="float64")
     sigma_vec = sigma if sigma.ndim == 1 else sigma[None]
     op = FenrirOp(problem)
