@@ -14,7 +14,8 @@ Rows, side by side in one process:
   calibration (diffusion 1). Runs when JAX and probdiffeq (the ``bench`` extra) are importable.
 
 ``--nuts`` adds short NUTS runs (minutes): effective samples per second for the pymc_pnode Fenrir
-model, ``pm.ode.DifferentialEquation`` on the same data and, when BlackJAX is importable,
+model (``pm.sample``; optionally in ``mode="NUMBA"`` or sampled by nutpie),
+``pm.ode.DifferentialEquation`` on the same data and, when BlackJAX is importable,
 probdiffeq + BlackJAX NUTS, all with the same priors and the same posterior parametrisation.
 
 Run: ``python benchmarks/fenrir_speed.py [--nuts]``; prints Markdown tables for ``docs/benchmarks.md``.
@@ -265,6 +266,28 @@ def run_pymc_nuts(kind: str, data, step: float, chains: int, tune: int, draws: i
                      int(idata.sample_stats["diverging"].sum()), load0)
 
 
+def run_nutpie_nuts(data, step: float, chains: int, tune: int, draws: int, seed: int, dense: bool,
+                    y0_known: bool) -> dict:
+    """The pymc_pnode Fenrir model sampled by nutpie (the Ops' numba implementations compiled into
+    nutpie's logp), chains one after another from the true values; ``dense`` selects nutpie's
+    low-rank-modified mass matrix."""
+    import nutpie
+
+    model = pymc_model("fenrir", data, step, y0_known)
+    initial = {"theta": THETA, "sigma": SIGMA} if y0_known else {"theta": THETA, "y0": Y0, "sigma": SIGMA}
+    t0 = time.perf_counter()
+    compiled = nutpie.compile_pymc_model(model, initial_points=initial, jitter_rvs=set())
+    compile_seconds = time.perf_counter() - t0
+    load0 = load_avg()
+    t1 = time.perf_counter()
+    idata = nutpie.sample(compiled, draws=draws, tune=tune, chains=chains, cores=1, seed=seed,
+                          save_warmup=True, progress_bar=False, low_rank_modified_mass_matrix=dense)
+    seconds = time.perf_counter() - t1
+    n_grad = int(idata.warmup_sample_stats["n_steps"].sum() + idata.sample_stats["n_steps"].sum())
+    return summarise(idata, tune, seconds, seconds + compile_seconds, n_grad,
+                     int(idata.sample_stats["diverging"].sum()), load0)
+
+
 def summarise(idata, tune: int, seconds: float, wall: float, n_grad: int, divergences: int,
               load0: str) -> dict:
     """Minimum bulk ESS over all parameters (ArviZ), rates and posterior means of one run."""
@@ -381,6 +404,8 @@ def nuts_table(data, peer, args) -> list[tuple[str, dict]]:
     if "fenrir-numba" in args.samplers:
         results.append(("pymc_pnode Fenrir, pm.sample (mode=\"NUMBA\")",
                         run_pymc_nuts("fenrir", data, args.nuts_step, **common, mode="NUMBA")))
+    if "fenrir-nutpie" in args.samplers:
+        results.append(("pymc_pnode Fenrir, nutpie", run_nutpie_nuts(data, args.nuts_step, **common)))
     if "pm-ode" in args.samplers:
         ode = {**common, "chains": args.ode_chains or args.chains, "tune": args.ode_tune or args.tune,
                "draws": args.ode_draws or args.draws}
@@ -407,7 +432,7 @@ def main() -> None:
     parser.add_argument("--nuts", action="store_true", help="also run short NUTS comparisons (minutes)")
     parser.add_argument("--nuts-step", type=float, default=0.05)
     parser.add_argument("--samplers", nargs="+", default=["fenrir", "pm-ode", "blackjax"],
-                        choices=["fenrir", "fenrir-numba", "pm-ode", "blackjax"])
+                        choices=["fenrir", "fenrir-numba", "fenrir-nutpie", "pm-ode", "blackjax"])
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--tune", type=int, default=200)
     parser.add_argument("--draws", type=int, default=200)
