@@ -274,6 +274,8 @@ class ODE:
     def validate_y0(self, y0, name: str = "y0") -> np.ndarray:
         """``y0`` as a float64 array of shape ``(n_states,)``; ``ValueError`` otherwise."""
         arr = np.asarray(y0, dtype=np.float64)
+        if arr.ndim == 0 and self.n_states == 1:
+            arr = arr.reshape(1)
         if arr.shape != (self.n_states,):
             raise ValueError(f"{name} must have shape ({self.n_states},), got {arr.shape}")
         if not np.all(np.isfinite(arr)):
@@ -297,7 +299,7 @@ class ODE:
         ``specify_shape``, so a wrong run-time length fails instead of being misread. A scalar is
         accepted for a one-state ODE.
         """
-        return _vector_tensor(y0, name, self.n_states, self.validate_y0)
+        return vector_tensor(y0, name, self.n_states, self.validate_y0)
 
     def theta_tensor(self, theta, name: str = "theta") -> pt.TensorVariable:
         """``theta`` as a float64 PyTensor vector of shape ``(n_theta,)``; see :meth:`y0_tensor`.
@@ -306,7 +308,7 @@ class ODE:
         """
         if theta is None and self.n_theta:
             raise ValueError(f"{name} is required: the ODE has n_theta={self.n_theta}")
-        return _vector_tensor(np.zeros(0) if theta is None else theta, name, self.n_theta,
+        return vector_tensor(np.zeros(0) if theta is None else theta, name, self.n_theta,
                               self.validate_theta)
 
     def f(self, y: Sequence[float], t: float, theta: Sequence[float]) -> np.ndarray:
@@ -330,15 +332,16 @@ class ODE:
         return (ODE, (self.func, self.n_states, self.n_theta, self.t0))
 
 
-def _vector_tensor(value, name: str, size: int, validate: Callable) -> pt.TensorVariable:
-    """Shared body of :meth:`ODE.y0_tensor` and :meth:`ODE.theta_tensor`."""
+def vector_tensor(value, name: str, size: int, validate: Callable) -> pt.TensorVariable:
+    """A float64 PyTensor vector of length ``size`` from numbers (checked by ``validate``) or a symbolic
+    value (static length checked, run-time length pinned by ``specify_shape``); see :meth:`ODE.y0_tensor`."""
     if isinstance(value, Constant):
         value = value.data
     if isinstance(value, (list, tuple)) and any(isinstance(v, Variable) for v in value):
         value = pt.stack([pt.as_tensor_variable(v) for v in value]) if value else np.zeros(0)
     if not isinstance(value, Variable):
         arr = np.asarray(value, dtype=np.float64)
-        return pt.as_tensor_variable(validate(arr.reshape(1) if arr.ndim == 0 and size == 1 else arr, name))
+        return pt.as_tensor_variable(validate(arr, name))
     var = value if value.dtype == "float64" else pt.cast(value, "float64")
     if var.ndim == 0 and size == 1:
         var = var[None]

@@ -13,13 +13,28 @@ __all__ = ["posterior_trajectories"]
 
 
 def _draws(posterior: xr.Dataset, value, name: str, shape: tuple[int, ...], n: int) -> np.ndarray:
-    """``value`` per draw: a posterior variable (by name) or a constant broadcast to all draws."""
+    """``value`` per draw, shape ``(n,) + shape``.
+
+    ``value`` is a posterior variable (by name), a constant, or a list mixing names of scalar
+    posterior variables and numbers (one per entry of the vector); ``None`` means "no entries".
+    """
+    if value is None:
+        value = np.zeros(0)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
+        if len(value) != int(np.prod(shape)):
+            raise ValueError(f"{name} must have {int(np.prod(shape))} entries, got {len(value)}")
+        columns = [_draws(posterior, v, f"{name}[{i}]", (), n) for i, v in enumerate(value)]
+        return np.stack(columns, axis=-1).reshape((n,) + shape)
     if isinstance(value, str):
         if value not in posterior:
             raise ValueError(f"{name}={value!r} is not a variable of the posterior")
         arr = posterior[value].stack(sample=("chain", "draw")).transpose("sample", ...).values
+        if arr[0].size != int(np.prod(shape)):
+            raise ValueError(f"{name}={value!r} has {arr[0].size} entries per draw, expected shape {shape}")
         return arr.reshape((arr.shape[0],) + shape)
     arr = np.asarray(value, dtype=np.float64)
+    if arr.size != int(np.prod(shape)):
+        raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
     return np.broadcast_to(arr.reshape(shape), (n,) + shape)
 
 

@@ -153,6 +153,22 @@ def test_algorithm2_random_walks_alpha_and_lam(calibration):
     assert 0.05 < float(idata.sample_stats["accepted"].mean()) < 0.8
 
 
+def test_parameter_lengths_checked_at_build_and_run_time(lv_ode):
+    kw = dict(t_span=(0.0, 2.0), n_grid=11, alpha=10.0, lam=0.5, output="mean", times=[2.0])
+    with pm.Model():
+        with pytest.raises(ValueError, match=r"theta must have shape \(4,\)"):
+            ChkrebtiiSolution("a", lv_ode, y0=[1.0, 0.5], theta=pm.HalfNormal("t3", shape=3), **kw)
+        with pytest.raises(ValueError, match="y0"):
+            ChkrebtiiSolution("b", lv_ode, y0=[1.0], theta=[1.0, 0.8, 0.6, 1.1], **kw)
+    with pm.Model():
+        theta = pm.Data("theta", np.array([1.0, 0.8, 0.6, 1.1]))  # static length unknown
+        u = ChkrebtiiSolution("u", lv_ode, y0=[1.0, 0.5], theta=theta, **kw)
+        assert np.all(np.isfinite(pm.draw(u)))
+        theta.set_value(np.array([1.0, 0.8]))
+        with pytest.raises(AssertionError):  # pinned length: never read past the end
+            pm.draw(u)
+
+
 def test_public_api_exports():
     from pymc_pnode.chkrebtii import ChkrebtiiReplicaMove, chkrebtii_sample
     from pymc_pnode.likelihoods import chkrebtii as lik

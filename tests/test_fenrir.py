@@ -256,6 +256,15 @@ def test_posterior_trajectories_bands(fhn_ode):
     assert np.allclose(ds["std"].values[1], ref.std)
     with pytest.raises(ValueError, match="posterior"):
         pn.posterior_trajectories(idata, fhn_ode, y0="nope", theta="theta", t_span=(0.0, 1.0))
+    with pytest.raises(ValueError, match="theta"):
+        pn.posterior_trajectories(idata, fhn_ode, y0=[-1.0, 1.0], theta=[0.2, 0.2], t_span=(0.0, 1.0))
+    # separate scalar variables (the usual PyMC pattern) mixed with constants
+    split = az.from_dict(posterior={"a": draws[None, :, 0], "c": draws[None, :, 2]})
+    ds2 = pn.posterior_trajectories(split, fhn_ode, y0=[-1.0, 1.0], theta=["a", 0.2, "c"], t_span=(0.0, 2.0),
+                                    diffusion=1.0, step=0.05, n_points=21, progressbar=False)
+    assert np.allclose(ds2["mean"].values[0], ds["mean"].values[0])
+    with pytest.raises(ValueError, match="entries"):
+        pn.posterior_trajectories(split, fhn_ode, y0=[-1.0, 1.0], theta=["a", "c"], t_span=(0.0, 1.0))
 
 
 def test_hierarchical_fitzhugh_nagumo_cells_with_nuts(fhn_ode):

@@ -107,3 +107,15 @@ def test_validation_of_y0_and_theta(lv_ode):
         lv_ode.validate_y0([1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="theta must have shape"):
         lv_ode.validate_theta([1.0])
+
+
+def test_scalar_y0_for_one_state_ode_and_tensor_inputs():
+    decay = pn.ODE(lambda y, t, p: [-p[0] * y[0]], n_states=1, n_theta=1)
+    assert decay.validate_y0(2.0).shape == (1,)
+    sol = pn.solve(decay, 2.0, 0.5, (0.0, 1.0), step=0.01, diffusion=1.0, save_at=[1.0])
+    assert sol.mean[-1, 0] == pytest.approx(2.0 * np.exp(-0.5), rel=1e-8)
+    assert decay.y0_tensor(2.0).eval().shape == (1,)
+    with pytest.raises(ValueError, match="y0 must have shape"):
+        decay.y0_tensor([1.0, 2.0])
+    with pytest.raises(ValueError, match="theta is required"):
+        decay.theta_tensor(None)

@@ -12,7 +12,7 @@ from pytensor.graph.basic import Constant
 from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.ops import CovarianceStructureOp, RecursionOp
 from pymc_pnode.chkrebtii.problem import discretisation, positive_parameter
-from pymc_pnode.ode import ODE
+from pymc_pnode.ode import ODE, vector_tensor
 
 __all__ = ["ChkrebtiiSolution", "INNOVATIONS_TAG"]
 
@@ -121,6 +121,8 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     -----
     A realisation whose solve diverges (non-finite values) adds ``-inf`` to the model log-density
     through the potential ``"{name}_diverged"``: NUTS records a divergence and Metropolis rejects.
+    The realisation itself is then all zeros (a NaN would make the log-density NaN), which is what
+    forward sampling (prior/posterior predictive) shows for such draws.
     """
     if not isinstance(ode, (ODE, DelayODE)):
         raise ValueError(f"ode must be a pymc_pnode.ODE or DelayODE, got {type(ode).__name__}")
@@ -133,14 +135,10 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
         numeric = _constant_value(value)
         if numeric is not None:
             positive_parameter(numeric, nm, d)
-    numeric_y0 = _constant_value(y0)
-    if numeric_y0 is not None:
-        ode.validate_y0(numeric_y0)
-    numeric_theta = _constant_value(theta)
-    if numeric_theta is not None:
-        ode.validate_theta(numeric_theta)
-    y0_t = _as_vector(y0, "y0", d)
-    theta_t = _as_vector(theta, "theta", k) if k else pt.zeros((0,), dtype="float64")
+    # numbers are validated now; symbolic lengths are pinned (a wrong run-time length must not reach
+    # the kernels, which index by n_states and n_theta)
+    y0_t = vector_tensor(y0, "y0", d, ode.validate_y0)
+    theta_t = vector_tensor(np.zeros(0) if theta is None else theta, "theta", k, ode.validate_theta)
     alpha_t = _as_vector(alpha, "alpha", d, allow_scalar=True)
     lam_t = _as_vector(lam, "lam", d, allow_scalar=True)
     lam_static = lam_t.type.shape[0]
