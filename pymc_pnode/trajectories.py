@@ -61,8 +61,10 @@ def posterior_trajectories(
     idata : arviz.InferenceData
         Result of ``pm.sample`` (uses its ``posterior`` group).
     ode : ODE
-    y0, theta : str or array_like
-        Names of posterior variables, or constants used for every draw.
+    y0, theta : str, array_like, list or None
+        The name of a vector posterior variable, a constant used for every draw, or a list with one
+        entry per component mixing names of scalar posterior variables and numbers (e.g.
+        ``["a", 0.2, "c"]``); ``theta=None`` for an ODE without parameters.
     t_span : tuple of float
         Interval to solve on.
     diffusion : str, float or None
