@@ -20,8 +20,8 @@ def fitzhugh_nagumo(y, t, p):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--draws", type=int, default=300)
-    parser.add_argument("--tune", type=int, default=300)
+    parser.add_argument("--draws", type=int, default=400)
+    parser.add_argument("--tune", type=int, default=600)
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--output", default="pymc_pnode_demo.png")
     args = parser.parse_args(argv)
@@ -52,8 +52,9 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         map_point = pm.find_MAP(progressbar=False)
         print(f"MAP estimate: theta={np.round(map_point['theta'], 3)}, sigma={map_point['sigma']:.3f}")
+        # dense mass matrix: b and c are strongly correlated
         idata = pm.sample(draws=args.draws, tune=args.tune, chains=args.chains, random_seed=1,
-                          initvals={"theta": map_point["theta"]})
+                          init="adapt_full", initvals={"theta": map_point["theta"], "sigma": map_point["sigma"]})
         pm.compute_log_likelihood(idata)
         elapsed = time.perf_counter() - start
     print(az.summary(idata, var_names=["theta", "sigma"]))
