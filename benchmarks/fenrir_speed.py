@@ -243,6 +243,11 @@ def pymc_model(kind: str, data: np.ndarray, step: float, y0_known: bool):
     return model
 
 
+def true_start(y0_known: bool) -> dict:
+    """The true values of the free variables: every sampler starts there."""
+    return {"theta": THETA, "sigma": SIGMA} if y0_known else {"theta": THETA, "y0": Y0, "sigma": SIGMA}
+
+
 def run_pymc_nuts(kind: str, data, step: float, chains: int, tune: int, draws: int, seed: int,
                   dense: bool, y0_known: bool, mode=None) -> dict:
     """``pm.sample`` (NUTS, chains one after another) started at the true values; dense or diagonal
@@ -250,14 +255,13 @@ def run_pymc_nuts(kind: str, data, step: float, chains: int, tune: int, draws: i
     import pymc as pm
 
     model = pymc_model(kind, data, step, y0_known)
-    initvals = {"theta": THETA, "sigma": SIGMA} if y0_known else {"theta": THETA, "y0": Y0, "sigma": SIGMA}
     kwargs = {} if mode is None else {"compile_kwargs": {"mode": mode}}
     load0 = load_avg()
     t0 = time.perf_counter()
     with model:
         idata = pm.sample(draws=draws, tune=tune, chains=chains, cores=1,
                           init="adapt_full" if dense else "adapt_diag",
-                          initvals=initvals, random_seed=seed,
+                          initvals=true_start(y0_known), random_seed=seed,
                           progressbar=False, compute_convergence_checks=False,
                           discard_tuned_samples=False, **kwargs)
     wall = time.perf_counter() - t0
@@ -274,9 +278,8 @@ def run_nutpie_nuts(data, step: float, chains: int, tune: int, draws: int, seed:
     import nutpie
 
     model = pymc_model("fenrir", data, step, y0_known)
-    initial = {"theta": THETA, "sigma": SIGMA} if y0_known else {"theta": THETA, "y0": Y0, "sigma": SIGMA}
     t0 = time.perf_counter()
-    compiled = nutpie.compile_pymc_model(model, initial_points=initial, jitter_rvs=set())
+    compiled = nutpie.compile_pymc_model(model, initial_points=true_start(y0_known), jitter_rvs=set())
     compile_seconds = time.perf_counter() - t0
     load0 = load_avg()
     t1 = time.perf_counter()

@@ -308,8 +308,7 @@ class ODE:
         """
         if theta is None and self.n_theta:
             raise ValueError(f"{name} is required: the ODE has n_theta={self.n_theta}")
-        return vector_tensor(np.zeros(0) if theta is None else theta, name, self.n_theta,
-                              self.validate_theta)
+        return vector_tensor(theta, name, self.n_theta, self.validate_theta)
 
     def f(self, y: Sequence[float], t: float, theta: Sequence[float]) -> np.ndarray:
         """Evaluate the vector field at one point (convenience; kernels call ``rhs`` directly)."""
@@ -338,10 +337,9 @@ def vector_tensor(value, name: str, size: int, validate: Callable) -> pt.TensorV
     if isinstance(value, Constant):
         value = value.data
     if isinstance(value, (list, tuple)) and any(isinstance(v, Variable) for v in value):
-        value = pt.stack([pt.as_tensor_variable(v) for v in value]) if value else np.zeros(0)
+        value = pt.stack([pt.as_tensor_variable(v) for v in value])
     if not isinstance(value, Variable):
-        arr = np.asarray(value, dtype=np.float64)
-        return pt.as_tensor_variable(validate(arr, name))
+        return pt.as_tensor_variable(validate(value, name))
     var = value if value.dtype == "float64" else pt.cast(value, "float64")
     if var.ndim == 0 and size == 1:
         var = var[None]

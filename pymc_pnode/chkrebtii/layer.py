@@ -138,7 +138,7 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     # numbers are validated now; symbolic lengths are pinned (a wrong run-time length must not reach
     # the kernels, which index by n_states and n_theta)
     y0_t = vector_tensor(y0, "y0", d, ode.validate_y0)
-    theta_t = vector_tensor(np.zeros(0) if theta is None else theta, "theta", k, ode.validate_theta)
+    theta_t = vector_tensor(theta, "theta", k, ode.validate_theta)
     alpha_t = _as_vector(alpha, "alpha", d, allow_scalar=True)
     lam_t = _as_vector(lam, "lam", d, allow_scalar=True)
     lam_static = lam_t.type.shape[0]

@@ -50,13 +50,9 @@ class FenrirProblem:
             raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
         if step is None or not (float(step) > 0 and math.isfinite(float(step))):
             raise ValueError(f"step must be positive and finite, got {step!r}")
-        times = np.atleast_1d(np.asarray(times, dtype=np.float64))
-        if times.ndim != 1:
-            raise ValueError(f"times must be a 1-d array, got shape {times.shape}")
-        if times.size and times[0] < ode.t0:
+        times = validate_times(times, (-math.inf, math.inf), "times")
+        if times[0] < ode.t0:
             raise ValueError(f"times must not precede the initial time t0={ode.t0}, got {times[0]}")
-        t_end = float(times[-1]) if times.size else ode.t0
-        times = validate_times(times, (ode.t0, max(t_end, ode.t0)), "times")
         d = ode.n_states
         cmat = np.eye(d) if obs_matrix is None else np.atleast_2d(np.asarray(obs_matrix, dtype=np.float64))
         if cmat.ndim != 2 or cmat.shape[1] != d:
