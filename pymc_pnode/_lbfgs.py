@@ -5,9 +5,9 @@ ODE objectives have infeasible regions: a trial point whose solve diverges has n
 Such points are given a huge finite value and a zero gradient, so that L-BFGS-B's line search
 backtracks. The line search then often stalls and scipy stops with a "relative reduction" or
 "ABNORMAL" message at a point that is not stationary; the same happens when ``|f|`` is huge and the
-first (unit-length) step is cut back to a tiny one. We restart from the last accepted point: in
-coordinates scaled by 1/10 (a ten times shorter first step) if infeasible points were met, at full
-scale otherwise, for as long as the objective keeps decreasing.
+first (unit-length) step is cut back to a tiny one. We restart from the last accepted point: at full
+scale after a run that improved the objective without meeting infeasible points, otherwise in
+coordinates scaled by a further 1/10 (a ten times shorter first step), up to ``max_restarts`` times.
 """
 
 from __future__ import annotations
@@ -94,11 +94,7 @@ def minimize_with_restarts(
         stationary = f != FAILED_VALUE and bool(is_stationary(x, f, g))
         if stationary or restarts >= max_restarts or nit >= maxiter:
             break
-        if counts["failed"] > failed_before:
-            scale = sc * 0.1
-        elif improved:
-            scale = 1.0
-        else:
-            break
+        # a run that met infeasible points or made no progress is retried with a ten times shorter first step
+        scale = sc * 0.1 if counts["failed"] > failed_before or not improved else 1.0
         restarts += 1
     return RestartedMinimum(x, f, g, nit, nfev, restarts, counts["failed"], message, success, stationary)

@@ -82,7 +82,8 @@ def assert_gradient_matches_central_differences(build, point, rel=1e-6, abs_=1e-
     """Compile ``build(*symbolic_inputs)`` and compare ``pytensor.grad`` with central differences.
 
     ``point`` is a list of numpy arrays (0-d allowed). Central differences have O(eps²) error, so
-    agreement to ~1e-6 relative checks that the analytic gradient is exact.
+    agreement to ~1e-6 relative checks that the analytic gradient is exact. ``eps`` may be a list
+    with one relative step per input.
     """
     import pytensor
 
@@ -95,7 +96,7 @@ def assert_gradient_matches_central_differences(build, point, rel=1e-6, abs_=1e-
         grad = np.asarray(outs[1 + i]).reshape(-1)
         fd = np.empty(x.size)
         for j in range(x.size):
-            h = eps * max(1.0, abs(x.reshape(-1)[j]))
+            h = (eps[i] if np.ndim(eps) else eps) * max(1.0, abs(x.reshape(-1)[j]))
             plus, minus = x.copy().reshape(-1), x.copy().reshape(-1)
             plus[j] += h
             minus[j] -= h

@@ -16,11 +16,11 @@ from pymc_pnode._codegen import MAT_FN, VEC_FN
 from pymc_pnode.filtering.linalg import (
     all_finite,
     cholesky_inplace,
-    solve_lower_from_upper_t,
-    tria_inplace,
+    solve_lower,
+    tria_cols_inplace,
 )
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True)
+_JIT = dict(cache=True, error_model="numpy", nogil=True, fastmath={"contract"})
 
 DIFFUSION_FIXED = 0
 DIFFUSION_GLOBAL = 1
@@ -83,16 +83,44 @@ def fill_transition_rows(
 
 
 @nb.njit(**_JIT)
-def fill_process_noise(
-    rq: np.ndarray, t: np.ndarray, scale: float, q: int, d: int, m: np.ndarray, row0: int, col0: int
+def fill_predict_stack(
+    r: np.ndarray, a: np.ndarray, t: np.ndarray, scale: float, rq: np.ndarray, q: int, d: int, mt: np.ndarray
 ) -> None:
-    """``m[row0:, col0:] = scale · (Q̄^{1/2} T(h)) ⊗ I_d``, the square root of ``scale² Q(h)``."""
+    """``mt[:D, :2D]`` = the stack ``[r A^T; scale (Q̄^{1/2} T(h)) ⊗ I_d]``, transposed.
+
+    Row ``c`` of ``mt`` is column ``c`` of the stack (the layout of :func:`tria_cols_inplace`); the
+    stack is a square root of ``A Σ A^T + scale² Q(h)`` for ``Σ = r^T r``.
+    """
+    dd = (q + 1) * d
     for i in range(q + 1):
-        for j in range(q + 1):
-            v = scale * rq[i, j] * t[j]
-            for k in range(d):
-                for l in range(d):
-                    m[row0 + i * d + k, col0 + j * d + l] = v if k == l else 0.0
+        for k in range(d):
+            col = mt[i * d + k]
+            for row in range(dd):
+                s = 0.0
+                for j in range(i, q + 1):
+                    s += a[j - i] * r[row, j * d + k]
+                col[row] = s
+            for row in range(dd, 2 * dd):
+                col[row] = 0.0
+            for j in range(q + 1):
+                col[dd + j * d + k] = scale * rq[j, i] * t[i]
+
+
+@nb.njit(**_JIT)
+def predict_root(
+    r: np.ndarray, a: np.ndarray, t: np.ndarray, scale: float, rq: np.ndarray, q: int, d: int,
+    mt: np.ndarray, r_out: np.ndarray,
+) -> None:
+    """``r_out`` = upper-triangular root of ``A Σ A^T + scale² Q(h)`` for ``Σ = r^T r``.
+
+    One QR of the stack of :func:`fill_predict_stack` (``mt`` is ``(D, 2D)`` work space).
+    """
+    dd = (q + 1) * d
+    fill_predict_stack(r, a, t, scale, rq, q, d, mt)
+    tria_cols_inplace(mt, 2 * dd, dd)
+    for i in range(dd):
+        for j in range(dd):
+            r_out[i, j] = mt[j, i]
 
 
 @nb.njit(**_JIT)
@@ -149,30 +177,33 @@ def update_sqrt(
     """Condition on the zero defect ``E1 x - f(E0 x) = 0`` linearised with ``H = E1 - J E0``.
 
     One QR of ``[R⁻ H^T | R⁻]`` yields ``S^{1/2}`` (R11), the gain ``K = R12^T R11^{-T}`` and the
-    posterior square root (R22). Returns ``ẑ^T S^{-1} ẑ`` (the calibration statistic).
+    posterior square root (R22). ``m`` is ``(d + D, D)`` work space (the stack, transposed).
+    Returns ``ẑ^T S^{-1} ẑ`` (the calibration statistic).
     """
     dd = (q + 1) * d
-    for row in range(dd):
-        for k in range(d):
+    # m holds the transposed stack: m[k] = column k of [R⁻ Hᵀ | R⁻]
+    for k in range(d):
+        for row in range(dd):
             s = r_pred[row, d + k]
             for l in range(d):
                 s -= r_pred[row, l] * jac[k, l]
-            m[row, k] = s
-        for col in range(dd):
-            m[row, d + col] = r_pred[row, col]
-    tria_inplace(m, dd, d + dd)
-    solve_lower_from_upper_t(m, d, zhat, w)
+            m[k, row] = s
+    for col in range(dd):
+        for row in range(dd):
+            m[d + col, row] = r_pred[row, col]
+    tria_cols_inplace(m, dd, d + dd)
+    solve_lower(m, d, zhat, w)
     stat = 0.0
     for k in range(d):
         stat += w[k] * w[k]
     for col in range(dd):
         s = 0.0
         for k in range(d):
-            s += m[k, d + col] * w[k]
+            s += m[d + col, k] * w[k]
         mu_out[col] = mu_pred[col] - s
     for row in range(dd):
         for col in range(dd):
-            r_out[row, col] = m[d + row, d + col] if row < dd - d else 0.0
+            r_out[row, col] = m[d + col, d + row] if row < dd - d else 0.0
     return stat
 
 
@@ -243,8 +274,8 @@ def run_filter(
     tvec = np.empty(q + 1)
     mu_pred = np.empty(dd)
     r_pred = np.empty((dd, dd))
-    m_pred = np.empty((2 * dd, dd))
-    m_upd = np.empty((dd, d + dd))
+    m_pred = np.empty((dd, 2 * dd))
+    m_upd = np.empty((d + dd, dd))
     fx = np.empty(d)
     jac = np.zeros((d, d))
     zhat = np.empty(d)
@@ -338,12 +369,7 @@ def run_filter(
         else:
             kap = 1.0
 
-        fill_transition_rows(rs[n], a, q, d, m_pred, 0, 0)
-        fill_process_noise(rq, tvec, math.sqrt(kap), q, d, m_pred, dd, 0)
-        tria_inplace(m_pred, 2 * dd, dd)
-        for i in range(dd):
-            for j in range(dd):
-                r_pred[i, j] = m_pred[i, j]
+        predict_root(rs[n], a, tvec, math.sqrt(kap), rq, q, d, m_pred, r_pred)
 
         if n + 1 >= cap:
             ts, mus, rs, kaps, cap = _grow(ts, mus, rs, kaps, cap)

@@ -13,16 +13,16 @@ import math
 import numba as nb
 import numpy as np
 
-from pymc_pnode.filtering.linalg import solve_upper, tria_inplace
+from pymc_pnode.filtering.linalg import solve_upper, tria_cols_inplace
 from pymc_pnode.filtering.odefilter import (
     apply_transition,
-    fill_process_noise,
-    fill_transition_rows,
+    fill_predict_stack,
+    predict_root,
     preconditioner,
     transition_coefficients,
 )
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True)
+_JIT = dict(cache=True, error_model="numpy", nogil=True, fastmath={"contract"})
 
 
 @nb.njit(**_JIT)
@@ -48,19 +48,20 @@ def backward_kernel(
     tvec = np.empty(q + 1)
     transition_coefficients(h, q, a)
     preconditioner(h, q, tvec)
-    m = np.zeros((2 * dd, 2 * dd))
-    fill_transition_rows(r, a, q, d, m, 0, 0)
-    for i in range(dd):
-        for j in range(dd):
-            m[i, dd + j] = r[i, j]
-    fill_process_noise(rq, tvec, math.sqrt(kappa), q, d, m, dd, 0)
-    tria_inplace(m, 2 * dd, 2 * dd)
-    col = np.empty(dd)
-    sol = np.empty(dd)
+    # the stack [[R Aᵀ, R], [√κ Q^{1/2}, 0]], transposed (mt[c] is its column c)
+    mt = np.empty((2 * dd, 2 * dd))
+    fill_predict_stack(r, a, tvec, math.sqrt(kappa), rq, q, d, mt)
     for j in range(dd):
         for i in range(dd):
-            col[i] = m[i, dd + j]
-        solve_upper(m, dd, col, sol)  # column j of G^T
+            mt[dd + j, i] = r[i, j]
+            mt[dd + j, dd + i] = 0.0
+    tria_cols_inplace(mt, 2 * dd, 2 * dd)
+    for i in range(dd):
+        for j in range(dd):
+            r_pred[i, j] = mt[j, i]
+    sol = np.empty(dd)
+    for j in range(dd):
+        solve_upper(r_pred, dd, mt[dd + j, :dd], sol)  # column j of G^T
         for i in range(dd):
             g[j, i] = sol[i]
     mu_pred = np.empty(dd)
@@ -71,8 +72,7 @@ def backward_kernel(
             s -= g[i, j] * mu_pred[j]
         dvec[i] = s
         for j in range(dd):
-            lam[i, j] = m[dd + i, dd + j]
-            r_pred[i, j] = m[i, j]
+            lam[i, j] = mt[dd + j, dd + i]
 
 
 @nb.njit(**_JIT)
@@ -81,23 +81,23 @@ def push_through_kernel(
 ) -> None:
     """Marginal of ``G x + dvec + noise(lam)`` for ``x ~ N(mu, r^T r)``."""
     dd = mu.shape[0]
-    m = np.empty((2 * dd, dd))
+    mt = np.empty((dd, 2 * dd))  # the stack [r Gᵀ; lam], transposed
     for i in range(dd):
         s = dvec[i]
         for j in range(dd):
             s += g[i, j] * mu[j]
         mu_out[i] = s
-    for row in range(dd):
-        for col in range(dd):
+    for col in range(dd):
+        for row in range(dd):
             s = 0.0
             for k in range(dd):
                 s += r[row, k] * g[col, k]
-            m[row, col] = s
-            m[dd + row, col] = lam[row, col]
-    tria_inplace(m, 2 * dd, dd)
+            mt[col, row] = s
+            mt[col, dd + row] = lam[row, col]
+    tria_cols_inplace(mt, 2 * dd, dd)
     for i in range(dd):
         for j in range(dd):
-            r_out[i, j] = m[i, j]
+            r_out[i, j] = mt[j, i]
 
 
 @nb.njit(**_JIT)
@@ -160,11 +160,8 @@ def interpolate(t, ts, mus, rs, kappas, mus_s, rs_s, q: int, d: int, rq: np.ndar
     # Filter prediction from t_{n-1} to t ...
     mu_t = np.empty(dd)
     apply_transition(a, q, d, mus[n - 1], mu_t)
-    m = np.empty((2 * dd, dd))
-    fill_transition_rows(rs[n - 1], a, q, d, m, 0, 0)
-    fill_process_noise(rq, tvec, math.sqrt(kappas[n]), q, d, m, dd, 0)
-    tria_inplace(m, 2 * dd, dd)
-    r_t = np.ascontiguousarray(m[:dd, :dd])
+    r_t = np.empty((dd, dd))
+    predict_root(rs[n - 1], a, tvec, math.sqrt(kappas[n]), rq, q, d, np.empty((dd, 2 * dd)), r_t)
     # ... then condition on the smoothed state at t_n through the kernel x(t) | x(t_n).
     g = np.empty((dd, dd))
     dvec = np.empty(dd)

@@ -17,7 +17,7 @@ from pytensor.link.numba.dispatch import numba_funcify
 from pytensor.link.numba.dispatch.basic import numba_njit
 from pytensor.tensor.rewriting.basic import register_specialize
 
-from pymc_pnode.filtering.fenrir import fenrir_terms
+from pymc_pnode.filtering.fenrir import fenrir_kernel
 from pymc_pnode.ode import ODE
 from pymc_pnode.solve import EK1, _ODEFilter, fixed_grid, solve, validate_times
 
@@ -79,8 +79,13 @@ class FenrirProblem:
     def n_directions(self) -> int:
         return self.ode.n_states + self.ode.n_theta + self.n_sigma + 1
 
+    @property
+    def kernel(self):
+        """The compiled Fenrir kernel for this problem's sizes (see :func:`fenrir_kernel`)."""
+        return fenrir_kernel(self.solver.order, self.ode.n_states)
+
     def kernel_arguments(self):
-        """The constant leading arguments of :func:`fenrir_terms` for this problem."""
+        """The constant leading arguments of the Fenrir kernel for this problem."""
         ode = self.ode
         taylor, taylor_jac = ode.taylor_functions(self.solver.order)
         return (ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, taylor, taylor_jac)
@@ -92,7 +97,6 @@ class FenrirProblem:
         the gradient zero) when the solve diverges or an input is invalid.
         """
         ode = self.ode
-        q = self.solver.order
         data = np.array(data, dtype=np.float64, order="C", copy=True)
         data[self.missing] = np.nan
         sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
@@ -109,8 +113,8 @@ class FenrirProblem:
                else np.zeros(0))
         bad = not (kappa > 0 and np.all(sigma_full > 0) and np.all(np.isfinite(y0)) and np.all(np.isfinite(theta)))
         if not bad:
-            terms, grad, ok = fenrir_terms(
-                *self.kernel_arguments(), y0, theta, q, ode.n_states, self.solver.prior.Q_bar_sqrt,
+            terms, grad, ok = self.kernel(
+                *self.kernel_arguments(), y0, theta, self.solver.prior.Q_bar_sqrt,
                 self.solver.ek1, kappa, self.grid, self.obs_at, data, self.obs_matrix, sigma_full,
                 sigma_dir, self.n_sigma, want_grad, cot,
             )
@@ -193,7 +197,8 @@ class FenrirVJPOp(Op):
 def _numba_fenrir_evaluate(problem: FenrirProblem):
     """A numba function ``(y0, θ, data, σ, κ, cotangent, want_grad) -> (terms, grad)``."""
     rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac = problem.kernel_arguments()
-    q, d, k = problem.solver.order, problem.ode.n_states, problem.ode.n_theta
+    kernel = problem.kernel
+    d, k = problem.ode.n_states, problem.ode.n_theta
     rq, ek1 = problem.solver.prior.Q_bar_sqrt, problem.solver.ek1
     grid, obs_at, cmat = problem.grid, problem.obs_at, problem.obs_matrix
     missing = problem.missing
@@ -224,9 +229,9 @@ def _numba_fenrir_evaluate(problem: FenrirProblem):
         grad = np.zeros(n_dir)
         if ok:
             # Captured arrays are read-only constants in numba; the kernel takes writable ones.
-            t, g, ok = fenrir_terms(rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac, y0c, thc,
-                                    q, d, rq.copy(), ek1, kap, grid.copy(), obs_at.copy(), values,
-                                    cmat.copy(), sigma_full, sigma_dir.copy(), n_sigma, want_grad, cot)
+            t, g, ok = kernel(rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac, y0c, thc,
+                              rq.copy(), ek1, kap, grid.copy(), obs_at.copy(), values,
+                              cmat.copy(), sigma_full, sigma_dir.copy(), n_sigma, want_grad, cot)
             if ok:
                 terms, grad = t, g
         return terms, grad
