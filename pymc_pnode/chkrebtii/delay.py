@@ -176,15 +176,11 @@ class DelayODE:
 
     def validate_theta(self, theta, name: str = "theta") -> np.ndarray:
         """``theta`` as float64 ``(n_theta,)``; ``ValueError`` otherwise (including a negative delay)."""
-        arr = np.asarray(theta if theta is not None else [], dtype=np.float64).reshape(-1)
-        if arr.shape != (self.n_theta,):
-            raise ValueError(f"{name} must have shape ({self.n_theta},), got {np.shape(theta)}")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"{name} must be finite, got {arr}")
+        arr = ODE.validate_theta(self, theta, name)  # shape and finiteness, as for an ODE (uses n_theta only)
         if self.delay_param is not None and arr[self.delay_param] < 0.0:
             tau = arr[self.delay_param]
             raise ValueError(f"the delay {name}[{self.delay_param}] must be >= 0, got {tau}")
-        return np.ascontiguousarray(arr)
+        return arr
 
     def __repr__(self) -> str:
         name = getattr(self.func, "__name__", "func")

@@ -65,16 +65,6 @@ def solve_lower(lo: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
 
 
 @nb.njit(**_JIT)
-def solve_lower_from_upper_t(r: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
-    """Solve ``R^T x = b`` for upper-triangular ``R = r[:n, :n]`` (forward substitution)."""
-    for i in range(n):
-        s = b[i]
-        for k in range(i):
-            s -= r[k, i] * out[k]
-        out[i] = s / r[i, i]
-
-
-@nb.njit(**_JIT)
 def solve_upper(r: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
     """Solve ``R x = b`` for upper-triangular ``R = r[:n, :n]`` (back substitution)."""
     for i in range(n - 1, -1, -1):
