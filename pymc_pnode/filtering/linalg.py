@@ -168,27 +168,5 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
 @nb.njit(**_JIT)
 def matmul_tn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """``out = aᵀ @ b`` without allocation, blocked like :func:`matmul`."""
-    kk, n = a.shape
-    m = b.shape[1]
-    m4 = m - m % 4
-    for i in range(n):
-        oi = out[i]
-        for j in range(0, m4, 4):
-            s0 = s1 = s2 = s3 = 0.0
-            for k in range(kk):
-                c = a[k, i]
-                bk = b[k]
-                s0 += c * bk[j]
-                s1 += c * bk[j + 1]
-                s2 += c * bk[j + 2]
-                s3 += c * bk[j + 3]
-            oi[j] = s0
-            oi[j + 1] = s1
-            oi[j + 2] = s2
-            oi[j + 3] = s3
-        for j in range(m4, m):
-            s = 0.0
-            for k in range(kk):
-                s += a[k, i] * b[k, j]
-            oi[j] = s
+    """``out = aᵀ @ b`` without allocation (:func:`matmul` on the transposed view)."""
+    matmul(a.T, b, out)
