@@ -89,10 +89,14 @@ PROBLEMS = {
 }
 
 
-def reference_solution(key: str, theta, times) -> np.ndarray:
-    """Accurate solution (Radau, rtol = atol = 1e-12) at ``times``; NaN where the solve fails."""
+def reference_solution(key: str, theta, times, method: str = "Radau") -> np.ndarray:
+    """Accurate solution (rtol = atol = 1e-12) at ``times``; NaN where the solve fails.
+
+    Radau by default (robust for any parameters in the box); ``method="DOP853"`` is ~100× faster on
+    these non-stiff problems and agrees to ~1e-8 (used for plots).
+    """
     spec = PROBLEMS[key]
-    sol = solve_ivp(spec["func_np"], (0.0, spec["t_end"]), spec["y0"], method="Radau",
+    sol = solve_ivp(spec["func_np"], (0.0, spec["t_end"]), spec["y0"], method=method,
                     t_eval=times, args=(np.asarray(theta, float),), rtol=1e-12, atol=1e-12)
     out = np.full((times.size, spec["y0"].size), np.nan)
     if sol.success:
