@@ -56,6 +56,19 @@ def fhn_tempering_problem():
     return model, kappa
 
 
+def test_fit_restarts_when_the_first_run_makes_no_progress(fhn_tempering_problem):
+    # A point where a tempering run once ended: |∇| ≈ 4e4 and the first unit-length L-BFGS-B step lands far
+    # uphill, so scipy stops after one iteration without progress; restarts with shorter steps go on.
+    model, kappa = fhn_tempering_problem
+    kappa.set_value(1.0)
+    start = {"y0": np.array([-0.18720486, 1.36776024]), "theta": np.array([0.03476717, 0.03828852, 6.15828354]),
+             "sigma": 0.3}
+    fit = pn.fit(model, objective="map", start=start)
+    assert fit.n_iterations > 10
+    assert np.allclose(fit.point["theta"][[0, 2]], [0.2, 3.0], rtol=0.05)
+    assert 0.07 < fit.point["sigma"] < 0.13
+
+
 def test_diffusion_tempering_then_map_from_a_poor_start(fhn_tempering_problem):
     # thesis §10.4 start; the noise scale is held during tempering (pm.do), then everything is fitted
     model, kappa = fhn_tempering_problem
