@@ -54,6 +54,14 @@ def tria_cols_inplace(mt: np.ndarray, rows: int, cols: int) -> None:
 
 
 @nb.njit(**_JIT)
+def copy_transposed(src: np.ndarray, n: int, dst: np.ndarray, col0: int) -> None:
+    """``dst[:n, col0:col0 + n] = src[:n, :n]ᵀ`` (moves square roots in and out of transposed stacks)."""
+    for i in range(n):
+        for j in range(n):
+            dst[j, col0 + i] = src[i, j]
+
+
+@nb.njit(**_JIT)
 def solve_lower(lo: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
     """Solve ``L x = b`` for lower-triangular ``L = lo[:n, :n]`` (forward substitution)."""
     for i in range(n):

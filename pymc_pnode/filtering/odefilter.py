@@ -16,6 +16,7 @@ from pymc_pnode._codegen import MAT_FN, VEC_FN
 from pymc_pnode.filtering.linalg import (
     all_finite,
     cholesky_inplace,
+    copy_transposed,
     solve_lower,
     tria_cols_inplace,
 )
@@ -68,18 +69,17 @@ def apply_transition(a: np.ndarray, q: int, d: int, mu: np.ndarray, out: np.ndar
 
 
 @nb.njit(**_JIT)
-def fill_transition_rows(
-    r: np.ndarray, a: np.ndarray, q: int, d: int, m: np.ndarray, row0: int, col0: int
-) -> None:
-    """``m[row0:row0+D, col0:col0+D] = R A^T`` (the square root of ``A Σ A^T``)."""
+def fill_root_transition_t(r: np.ndarray, a: np.ndarray, q: int, d: int, out: np.ndarray) -> None:
+    """``out[:D, :D] = (r A^T)^T = A r^T``: the square root ``r A^T`` of ``A Σ A^T``, transposed."""
     dd = (q + 1) * d
-    for row in range(dd):
-        for i in range(q + 1):
-            for k in range(d):
+    for i in range(q + 1):
+        for k in range(d):
+            col = out[i * d + k]
+            for row in range(dd):
                 s = 0.0
                 for j in range(i, q + 1):
                     s += a[j - i] * r[row, j * d + k]
-                m[row0 + row, col0 + i * d + k] = s
+                col[row] = s
 
 
 @nb.njit(**_JIT)
@@ -92,14 +92,10 @@ def fill_predict_stack(
     stack is a square root of ``A Σ A^T + scale² Q(h)`` for ``Σ = r^T r``.
     """
     dd = (q + 1) * d
+    fill_root_transition_t(r, a, q, d, mt)
     for i in range(q + 1):
         for k in range(d):
             col = mt[i * d + k]
-            for row in range(dd):
-                s = 0.0
-                for j in range(i, q + 1):
-                    s += a[j - i] * r[row, j * d + k]
-                col[row] = s
             for row in range(dd, 2 * dd):
                 col[row] = 0.0
             for j in range(q + 1):
@@ -118,9 +114,7 @@ def predict_root(
     dd = (q + 1) * d
     fill_predict_stack(r, a, t, scale, rq, q, d, mt)
     tria_cols_inplace(mt, 2 * dd, dd)
-    for i in range(dd):
-        for j in range(dd):
-            r_out[i, j] = mt[j, i]
+    copy_transposed(mt, dd, r_out, 0)
 
 
 @nb.njit(**_JIT)

@@ -13,7 +13,7 @@ import math
 import numba as nb
 import numpy as np
 
-from pymc_pnode.filtering.linalg import solve_upper, tria_cols_inplace
+from pymc_pnode.filtering.linalg import copy_transposed, solve_upper, tria_cols_inplace
 from pymc_pnode.filtering.odefilter import (
     apply_transition,
     fill_predict_stack,
@@ -56,9 +56,7 @@ def backward_kernel(
             mt[dd + j, i] = r[i, j]
             mt[dd + j, dd + i] = 0.0
     tria_cols_inplace(mt, 2 * dd, 2 * dd)
-    for i in range(dd):
-        for j in range(dd):
-            r_pred[i, j] = mt[j, i]
+    copy_transposed(mt, dd, r_pred, 0)
     sol = np.empty(dd)
     for j in range(dd):
         solve_upper(r_pred, dd, mt[dd + j, :dd], sol)  # column j of G^T
@@ -95,9 +93,7 @@ def push_through_kernel(
             mt[col, row] = s
             mt[col, dd + row] = lam[row, col]
     tria_cols_inplace(mt, 2 * dd, dd)
-    for i in range(dd):
-        for j in range(dd):
-            r_out[i, j] = mt[j, i]
+    copy_transposed(mt, dd, r_out, 0)
 
 
 @nb.njit(**_JIT)
