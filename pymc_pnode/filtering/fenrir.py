@@ -28,6 +28,7 @@ import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, TEN2_FN, TEN_FN, VEC_FN
 from pymc_pnode.filtering.linalg import (
+    JIT,
     all_finite,
     cholesky_inplace,
     copy_transposed,
@@ -46,18 +47,17 @@ from pymc_pnode.filtering.odefilter import (
     update_sqrt,
 )
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True, fastmath={"contract"})
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _predict_sqrt(a, tvec, sqrt_kappa, rq, q, d, mu, r, mu_out, r_out, mt):
-    """``μ⁻ = A μ`` and the upper-triangular root of ``A Σ Aᵀ + κ Q`` (``mt``: ``(D, 2D)`` work)."""
+    """``μ⁻ = A μ`` and the upper-triangular root of ``A Σ Aᵀ + κ Q`` (``mt``: ``(D + 1, 2D)`` work)."""
     apply_transition(a, q, d, mu, mu_out)
     predict_root(r, a, tvec, sqrt_kappa, rq, q, d, mt, r_out)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _half_logdet_upper(m, n):
     s = 0.0
     for k in range(n):
@@ -65,7 +65,7 @@ def _half_logdet_upper(m, n):
     return s
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _data_update_sqrt(mean, root, cmat, idx, mo, yrow, sigma, mm, wv, mean_out, root_out, resid):
     """Condition ``N(mean, rootᵀ root)`` on ``y = C x + N(0, diag σ²)`` (observed rows ``idx[:mo]``).
 
@@ -92,7 +92,7 @@ def _data_update_sqrt(mean, root, cmat, idx, mo, yrow, sigma, mm, wv, mean_out, 
         col = mm[mo + c]
         for row in range(dd):
             col[row] = root[row, c]
-    tria_cols_inplace(mm, dd + mo, mo + dd)
+    tria_cols_inplace(mm, dd + mo, mo + dd, mm[mm.shape[0] - 1])
     solve_lower(mm, mo, resid, wv)
     quad = 0.0
     for r in range(mo):
@@ -108,7 +108,7 @@ def _data_update_sqrt(mean, root, cmat, idx, mo, yrow, sigma, mm, wv, mean_out, 
     return -0.5 * quad - _half_logdet_upper(mm, mo) - 0.5 * mo * _LOG_2PI
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _at_x_a(a, q, d, x, work, out):
     """``out = Aᵀ X A`` for the IWP transition ``A = Ã ⊗ I_d`` with ``Ã_ij = a[j − i]`` (j ≥ i)."""
     dd = (q + 1) * d
@@ -128,7 +128,7 @@ def _at_x_a(a, q, d, x, work, out):
                 out[row, j * d + k] = s
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _at_v(a, q, d, v, out):
     """``out = Aᵀ v``."""
     for i in range(q + 1):
@@ -139,7 +139,7 @@ def _at_v(a, q, d, v, out):
             out[i * d + k] = s
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _noise_inner(x, rq, tvec, q, d):
     """``⟨X, Q(h)⟩`` for the unit-diffusion process noise ``Q = (T Q̄ T) ⊗ I_d``."""
     s = 0.0
@@ -156,7 +156,7 @@ def _noise_inner(x, rq, tvec, q, d):
     return s
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _spd_inverse(s, n, inv, work):
     """``inv[:n, :n] = s[:n, :n]⁻¹`` by Cholesky; False if not positive definite."""
     for i in range(n):
@@ -179,7 +179,7 @@ def _spd_inverse(s, n, inv, work):
     return True
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hbar, rbar, sdiag, wk, wm, wv):
     """Adjoint of ``μ⁺ = μ⁻ − K r``, ``Σ⁺ = Σ⁻ − K S Kᵀ`` and ``w · log N(r; 0, S)``.
 
@@ -295,7 +295,7 @@ def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hb
     return True
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _rts_adjoint(g, r_pred, sig_pred, mu_pred, m_next, sig_next, a, q, d, mbar, sbar, inj_mu, inj_sig,
                  gbar, ymat, work, pg, tmp_a, tmp_b):
     """Adjoint of one backward step ``m = μ + G (m⁺ − μ⁻)``, ``P = Σ + G (P⁺ − Σ⁻) Gᵀ``.
@@ -370,7 +370,7 @@ def _rts_adjoint(g, r_pred, sig_pred, mu_pred, m_next, sig_next, a, q, d, mbar, 
             inj_sig[i, j] += ymat[i, j]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _backward_step(mu_prev, r_prev, mu_pred, r_pred, a, tvec, sqrt_kappa, rq, q, d, mean, root, g, wt, gt, blk,
                    stack, mean_out):
     """Push ``N(mean, rootᵀ root)`` at ``t_n`` through the backward kernel of the filter posterior.
@@ -380,7 +380,8 @@ def _backward_step(mu_prev, r_prev, mu_pred, r_pred, a, tvec, sqrt_kappa, rq, q,
     solves with the stored predicted root; the kernel covariance ``Λ = Σ − G Σ⁻ Gᵀ`` enters in Joseph
     form ``(I − G A) Σ (I − G A)ᵀ + κ G Q Gᵀ``, so one QR of a ``3D × D`` stack gives the new root
     (``G`` is written to ``g``, the new mean to ``mean_out``, the new root to ``root``). ``wt``,
-    ``gt`` and ``blk`` are ``(D, D)`` work arrays, ``stack`` is ``(D, 3D)``.
+    ``gt`` and ``blk`` are ``(D, D)`` work arrays, ``stack`` is ``(D + 1, 3D)`` (its last row is the
+    QR's work vector).
 
     The products and solves work on whole rows or keep several independent sums (no serial chain
     per entry), which made this step ≈ 1.6× faster than row-by-row triangular solves and dot products.
@@ -417,7 +418,7 @@ def _backward_step(mu_prev, r_prev, mu_pred, r_pred, a, tvec, sqrt_kappa, rq, q,
                 for j in range(dd):
                     bi[j] += c * gk[j]
     copy_transposed(blk, dd, stack, 2 * dd)
-    tria_cols_inplace(stack, 3 * dd, dd)
+    tria_cols_inplace(stack, 3 * dd, dd, stack[dd])
     copy_transposed(stack, dd, root, 0)
 
 
@@ -438,7 +439,7 @@ def fenrir_kernel(q: int, d: int):
     ≈ 20 % faster than one kernel for all sizes.
     """
 
-    @nb.njit(_FENRIR_SIG, **_JIT)
+    @nb.njit(_FENRIR_SIG, **JIT)
     def fenrir_terms(
         rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac,
         y0, theta, rq, ek1, kappa, grid, obs_at, data, cmat, sigma, sigma_dir, n_sigma, want_grad, cotangent,
@@ -487,8 +488,8 @@ def fenrir_kernel(q: int, d: int):
         # transition and preconditioner coefficients of the step ending at grid[n], for all four sweeps
         a_all = np.empty((n_pts, q + 1))
         t_all = np.empty((n_pts, q + 1))
-        m_pred = np.empty((dd, 2 * dd))
-        m_upd = np.empty((d + dd, dd))
+        m_pred = np.empty((dd + 1, 2 * dd))
+        m_upd = np.empty((d + dd + 1, dd))
         wvec = np.empty(max(d, m))
         fx = np.empty(d)
         jac = np.zeros((d, d))
@@ -531,13 +532,13 @@ def fenrir_kernel(q: int, d: int):
         root = r_fa[n_pts - 1].copy()
         mean2 = np.empty(dd)
         root2 = np.empty((dd, dd))
-        mm = np.empty((m + dd, dd + m))
+        mm = np.empty((m + dd + 1, dd + m))  # the last row is the QR's work vector
         resid = np.empty(m)
         g = np.empty((dd, dd))
         work_w = np.empty((dd, dd))
         work_gt = np.empty((dd, dd))
         work_blk = np.empty((dd, dd))
-        stack = np.empty((dd, 3 * dd))
+        stack = np.empty((dd + 1, 3 * dd))
         for n in range(n_pts - 1, -1, -1):
             if want_grad:
                 m_pre[n] = mean

@@ -13,47 +13,65 @@ import math
 import numba as nb
 import numpy as np
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True, fastmath={"contract"})
+# Compilation options of every filtering function. Only FMA contraction: reassociation made the small
+# loops 2× slower, and nnan/ninf would break the divergence checks. ``forceinline`` has LLVM inline
+# every helper into the kernel that calls it (and the kernels into their Python entry wrappers):
+# no call overhead for the dozen array-passing calls per step, and the kernels' fixed sizes reach the
+# helpers' loops. It made the Fenrir logp + gradient ≈ 1.5× faster, at ≈ 10–15 s more compile time.
+JIT = dict(cache=True, error_model="numpy", nogil=True, fastmath={"contract"}, forceinline=True)
 
 
-@nb.njit(**_JIT)
-def tria_cols_inplace(mt: np.ndarray, rows: int, cols: int) -> None:
+@nb.njit(**JIT)
+def tria_cols_inplace(mt: np.ndarray, rows: int, cols: int, v: np.ndarray) -> None:
     """Triangularise a stacked square root ``M`` (``rows × cols``) held transposed in ``mt``.
 
     On entry ``mt[:cols, :rows]`` holds ``Mᵀ``: each column of ``M`` is a contiguous row of ``mt``,
     so the inner loops of the Householder reflections run over contiguous memory. On exit
     ``mt[:cols, :cols]`` holds ``Rᵀ`` (lower triangular) with ``Rᵀ R = Mᵀ M`` (``M = Q R``), and
-    the rest of ``mt[:cols, :rows]`` is zero.
+    the rest of ``mt[:cols, :rows]`` is zero. ``v`` is work space of length ``rows``.
+
+    Each Householder vector is kept zero-padded to the full length in ``v``, so every inner loop runs
+    over all ``rows`` entries: the trip counts stay fixed (no mispredicted loop exits, and LLVM unrolls
+    them when ``rows`` is a compile-time constant), and the dot products keep four partial sums.
+    Together ≈ 2× faster than loops over ``k..rows`` with one sum, despite the extra multiplications.
     """
+    r4 = rows - rows % 4
     for k in range(min(rows, cols)):
         vk = mt[k]
+        for i in range(rows):
+            v[i] = vk[i] if i >= k else 0.0
         norm2 = 0.0
         for i in range(k, rows):
-            norm2 += vk[i] * vk[i]
+            norm2 += v[i] * v[i]
         if norm2 == 0.0:
             continue
-        x0 = vk[k]
+        x0 = v[k]
         alpha = -math.sqrt(norm2) if x0 >= 0.0 else math.sqrt(norm2)
         v0 = x0 - alpha
         vnorm2 = norm2 - x0 * x0 + v0 * v0
         if vnorm2 == 0.0:
             continue
         scale = 2.0 / vnorm2
-        vk[k] = v0  # the Householder vector is vk[k:rows]
+        v[k] = v0
         for j in range(k + 1, cols):
             cj = mt[j]
-            s = 0.0
-            for i in range(k, rows):
-                s += vk[i] * cj[i]
-            s *= scale
-            for i in range(k, rows):
-                cj[i] -= s * vk[i]
+            s0 = s1 = s2 = s3 = 0.0
+            for i in range(0, r4, 4):
+                s0 += v[i] * cj[i]
+                s1 += v[i + 1] * cj[i + 1]
+                s2 += v[i + 2] * cj[i + 2]
+                s3 += v[i + 3] * cj[i + 3]
+            for i in range(r4, rows):
+                s0 += v[i] * cj[i]
+            s = ((s0 + s1) + (s2 + s3)) * scale
+            for i in range(rows):
+                cj[i] -= s * v[i]
         vk[k] = alpha
         for i in range(k + 1, rows):
             vk[i] = 0.0
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def copy_transposed(src: np.ndarray, n: int, dst: np.ndarray, col0: int) -> None:
     """``dst[:n, col0:col0 + n] = src[:n, :n]ᵀ`` (moves square roots in and out of transposed stacks)."""
     for i in range(n):
@@ -61,7 +79,7 @@ def copy_transposed(src: np.ndarray, n: int, dst: np.ndarray, col0: int) -> None
             dst[j, col0 + i] = src[i, j]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def solve_lower(lo: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
     """Solve ``L x = b`` for lower-triangular ``L = lo[:n, :n]`` (forward substitution)."""
     for i in range(n):
@@ -72,7 +90,7 @@ def solve_lower(lo: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
         out[i] = s / row[i]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def solve_upper(r: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
     """Solve ``R x = b`` for upper-triangular ``R = r[:n, :n]`` (back substitution)."""
     for i in range(n - 1, -1, -1):
@@ -82,7 +100,7 @@ def solve_upper(r: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
         out[i] = s / r[i, i]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def solve_gram_inplace(r: np.ndarray, n: int, x: np.ndarray) -> None:
     """``x ← (Rᵀ R)⁻¹ x`` for upper-triangular ``R = r[:n, :n]`` and ``x`` with ``n`` rows.
 
@@ -112,7 +130,7 @@ def solve_gram_inplace(r: np.ndarray, n: int, x: np.ndarray) -> None:
             xi[j] *= inv
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def cholesky_inplace(a: np.ndarray, n: int) -> bool:
     """Lower Cholesky factor of ``a[:n, :n]`` in place; False if not positive definite."""
     for j in range(n):
@@ -133,7 +151,7 @@ def cholesky_inplace(a: np.ndarray, n: int) -> bool:
     return True
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def all_finite(a: np.ndarray) -> bool:
     for x in a.flat:
         if not math.isfinite(x):
@@ -141,7 +159,7 @@ def all_finite(a: np.ndarray) -> bool:
     return True
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out = a @ b`` without allocation (small dense matrices).
 
@@ -174,7 +192,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             oi[j] = s
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def matmul_tn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out = aᵀ @ b`` without allocation (:func:`matmul` on the transposed view)."""
     matmul(a.T, b, out)

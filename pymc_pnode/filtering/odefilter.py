@@ -14,6 +14,7 @@ import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
 from pymc_pnode.filtering.linalg import (
+    JIT,
     all_finite,
     cholesky_inplace,
     copy_transposed,
@@ -21,7 +22,6 @@ from pymc_pnode.filtering.linalg import (
     tria_cols_inplace,
 )
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True, fastmath={"contract"})
 
 DIFFUSION_FIXED = 0
 DIFFUSION_GLOBAL = 1
@@ -39,7 +39,7 @@ STATUS_MESSAGES = {
 }
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def preconditioner(h: float, q: int, out: np.ndarray) -> None:
     """``T(h)_i = sqrt(h) h^(q-i) / (q-i)!`` for ``i = 0..q``."""
     sq = math.sqrt(h)
@@ -48,7 +48,7 @@ def preconditioner(h: float, q: int, out: np.ndarray) -> None:
         out[i] = sq * h**k / math.gamma(k + 1.0)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def transition_coefficients(h: float, q: int, out: np.ndarray) -> None:
     """``out[k] = h^k / k!``: the IWP transition is ``A_ij = out[j - i]`` for ``j >= i``."""
     c = 1.0
@@ -57,7 +57,7 @@ def transition_coefficients(h: float, q: int, out: np.ndarray) -> None:
         c *= h / (k + 1.0)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def apply_transition(a: np.ndarray, q: int, d: int, mu: np.ndarray, out: np.ndarray) -> None:
     """``out = A(h) mu`` with the coefficients ``a`` of :func:`transition_coefficients`."""
     for i in range(q + 1):
@@ -68,7 +68,7 @@ def apply_transition(a: np.ndarray, q: int, d: int, mu: np.ndarray, out: np.ndar
             out[i * d + k] = s
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def fill_root_transition_t(r: np.ndarray, a: np.ndarray, q: int, d: int, out: np.ndarray) -> None:
     """``out[:D, :D] = (r A^T)^T = A r^T``: the square root ``r A^T`` of ``A Σ A^T``, transposed."""
     dd = (q + 1) * d
@@ -82,7 +82,7 @@ def fill_root_transition_t(r: np.ndarray, a: np.ndarray, q: int, d: int, out: np
                 col[row] = s
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def fill_predict_stack(
     r: np.ndarray, a: np.ndarray, t: np.ndarray, scale: float, rq: np.ndarray, q: int, d: int, mt: np.ndarray
 ) -> None:
@@ -102,22 +102,23 @@ def fill_predict_stack(
                 col[dd + j * d + k] = scale * rq[j, i] * t[i]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def predict_root(
     r: np.ndarray, a: np.ndarray, t: np.ndarray, scale: float, rq: np.ndarray, q: int, d: int,
     mt: np.ndarray, r_out: np.ndarray,
 ) -> None:
     """``r_out`` = upper-triangular root of ``A Σ A^T + scale² Q(h)`` for ``Σ = r^T r``.
 
-    One QR of the stack of :func:`fill_predict_stack` (``mt`` is ``(D, 2D)`` work space).
+    One QR of the stack of :func:`fill_predict_stack` (``mt`` is ``(D + 1, 2D)`` work space; its
+    last row is the QR's work vector).
     """
     dd = (q + 1) * d
     fill_predict_stack(r, a, t, scale, rq, q, d, mt)
-    tria_cols_inplace(mt, 2 * dd, dd)
+    tria_cols_inplace(mt, 2 * dd, dd, mt[dd])
     copy_transposed(mt, dd, r_out, 0)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def local_defect_covariance(
     rq: np.ndarray, t: np.ndarray, jac: np.ndarray, q: int, d: int, bq: np.ndarray, c: np.ndarray
 ) -> None:
@@ -137,7 +138,7 @@ def local_defect_covariance(
             c[k, l] = s
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def quadratic_form_inverse(c: np.ndarray, z: np.ndarray, d: int, work: np.ndarray, tmp: np.ndarray) -> float:
     """``z^T C^{-1} z`` by Cholesky; ``inf`` when ``C`` is not positive definite."""
     for i in range(d):
@@ -155,7 +156,7 @@ def quadratic_form_inverse(c: np.ndarray, z: np.ndarray, d: int, work: np.ndarra
     return s
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def update_sqrt(
     r_pred: np.ndarray,
     mu_pred: np.ndarray,
@@ -171,7 +172,8 @@ def update_sqrt(
     """Condition on the zero defect ``E1 x - f(E0 x) = 0`` linearised with ``H = E1 - J E0``.
 
     One QR of ``[R⁻ H^T | R⁻]`` yields ``S^{1/2}`` (R11), the gain ``K = R12^T R11^{-T}`` and the
-    posterior square root (R22). ``m`` is ``(d + D, D)`` work space (the stack, transposed).
+    posterior square root (R22). ``m`` is ``(d + D + 1, D)`` work space (the stack, transposed, and
+    the QR's work vector).
     Returns ``ẑ^T S^{-1} ẑ`` (the calibration statistic).
     """
     dd = (q + 1) * d
@@ -185,7 +187,7 @@ def update_sqrt(
     for col in range(dd):
         for row in range(dd):
             m[d + col, row] = r_pred[row, col]
-    tria_cols_inplace(m, dd, d + dd)
+    tria_cols_inplace(m, dd, d + dd, m[d + dd])
     solve_lower(m, d, zhat, w)
     stat = 0.0
     for k in range(d):
@@ -201,7 +203,7 @@ def update_sqrt(
     return stat
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _grow(ts, mus, rs, kaps, cap):
     new_cap = 2 * cap
     dd = mus.shape[1]
@@ -225,7 +227,7 @@ _RUN_FILTER_SIG = (
 )
 
 
-@nb.njit(_RUN_FILTER_SIG, **_JIT)
+@nb.njit(_RUN_FILTER_SIG, **JIT)
 def run_filter(
     rhs: VEC_FN,
     jac_y: MAT_FN,
@@ -268,8 +270,8 @@ def run_filter(
     tvec = np.empty(q + 1)
     mu_pred = np.empty(dd)
     r_pred = np.empty((dd, dd))
-    m_pred = np.empty((dd, 2 * dd))
-    m_upd = np.empty((d + dd, dd))
+    m_pred = np.empty((dd + 1, 2 * dd))
+    m_upd = np.empty((d + dd + 1, dd))
     fx = np.empty(d)
     jac = np.zeros((d, d))
     zhat = np.empty(d)

@@ -13,7 +13,7 @@ import math
 import numba as nb
 import numpy as np
 
-from pymc_pnode.filtering.linalg import copy_transposed, solve_upper, tria_cols_inplace
+from pymc_pnode.filtering.linalg import JIT, copy_transposed, solve_upper, tria_cols_inplace
 from pymc_pnode.filtering.odefilter import (
     apply_transition,
     fill_predict_stack,
@@ -22,10 +22,8 @@ from pymc_pnode.filtering.odefilter import (
     transition_coefficients,
 )
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True, fastmath={"contract"})
 
-
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def backward_kernel(
     mu: np.ndarray,
     r: np.ndarray,
@@ -49,13 +47,13 @@ def backward_kernel(
     transition_coefficients(h, q, a)
     preconditioner(h, q, tvec)
     # the stack [[R Aᵀ, R], [√κ Q^{1/2}, 0]], transposed (mt[c] is its column c)
-    mt = np.empty((2 * dd, 2 * dd))
+    mt = np.empty((2 * dd + 1, 2 * dd))
     fill_predict_stack(r, a, tvec, math.sqrt(kappa), rq, q, d, mt)
     for j in range(dd):
         for i in range(dd):
             mt[dd + j, i] = r[i, j]
             mt[dd + j, dd + i] = 0.0
-    tria_cols_inplace(mt, 2 * dd, 2 * dd)
+    tria_cols_inplace(mt, 2 * dd, 2 * dd, mt[2 * dd])
     copy_transposed(mt, dd, r_pred, 0)
     sol = np.empty(dd)
     for j in range(dd):
@@ -73,13 +71,13 @@ def backward_kernel(
             lam[i, j] = mt[dd + j, dd + i]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def push_through_kernel(
     g: np.ndarray, dvec: np.ndarray, lam: np.ndarray, mu: np.ndarray, r: np.ndarray, mu_out: np.ndarray, r_out: np.ndarray
 ) -> None:
     """Marginal of ``G x + dvec + noise(lam)`` for ``x ~ N(mu, r^T r)``."""
     dd = mu.shape[0]
-    mt = np.empty((dd, 2 * dd))  # the stack [r Gᵀ; lam], transposed
+    mt = np.empty((dd + 1, 2 * dd))  # the stack [r Gᵀ; lam], transposed, and the QR's work vector
     for i in range(dd):
         s = dvec[i]
         for j in range(dd):
@@ -92,11 +90,11 @@ def push_through_kernel(
                 s += r[row, k] * g[col, k]
             mt[col, row] = s
             mt[col, dd + row] = lam[row, col]
-    tria_cols_inplace(mt, 2 * dd, dd)
+    tria_cols_inplace(mt, 2 * dd, dd, mt[dd])
     copy_transposed(mt, dd, r_out, 0)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def smooth(ts, mus, rs, kappas, q: int, d: int, rq: np.ndarray):
     """RTS smoothing through backward kernels. Returns smoothed means/roots and the kernels."""
     n_pts, dd = mus.shape
@@ -116,7 +114,7 @@ def smooth(ts, mus, rs, kappas, q: int, d: int, rq: np.ndarray):
     return mus_s, rs_s, gs, ds, lams
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def sample_backward(mu_last, r_last, gs, ds, lams, z):
     """Joint samples of the grid states, ``z`` standard normal of shape ``(n, N, D)``."""
     n_samples, n_pts, dd = z.shape
@@ -138,7 +136,7 @@ def sample_backward(mu_last, r_last, gs, ds, lams, z):
     return out
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def interpolate(t, ts, mus, rs, kappas, mus_s, rs_s, q: int, d: int, rq: np.ndarray, mu_out, r_out):
     """Smoothed posterior at an arbitrary time ``t`` inside the grid (notes 002 §2.2 / Sec. 3.4)."""
     n = np.searchsorted(ts, t)
@@ -157,7 +155,7 @@ def interpolate(t, ts, mus, rs, kappas, mus_s, rs_s, q: int, d: int, rq: np.ndar
     mu_t = np.empty(dd)
     apply_transition(a, q, d, mus[n - 1], mu_t)
     r_t = np.empty((dd, dd))
-    predict_root(rs[n - 1], a, tvec, math.sqrt(kappas[n]), rq, q, d, np.empty((dd, 2 * dd)), r_t)
+    predict_root(rs[n - 1], a, tvec, math.sqrt(kappas[n]), rq, q, d, np.empty((dd + 1, 2 * dd)), r_t)
     # ... then condition on the smoothed state at t_n through the kernel x(t) | x(t_n).
     g = np.empty((dd, dd))
     dvec = np.empty(dd)

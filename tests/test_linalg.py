@@ -1,0 +1,55 @@
+"""The small dense kernels under the square-root filters, against NumPy."""
+
+import numpy as np
+import pytest
+
+from pymc_pnode.filtering.linalg import matmul, matmul_tn, solve_gram_inplace, tria_cols_inplace
+
+
+@pytest.mark.parametrize("rows, cols", [(24, 8), (16, 8), (9, 9), (8, 10), (7, 3), (3, 5), (1, 4), (5, 1)])
+def test_tria_cols_gives_an_upper_triangular_root_of_the_same_gram_matrix(rows, cols):
+    rng = np.random.default_rng(rows * 100 + cols)
+    m = rng.standard_normal((rows, cols))
+    m[:, cols // 2] = 0.0  # a zero column: its reflection is skipped
+    sentinel = 7.0
+    mt = np.full((cols + 2, rows + 3), sentinel)  # larger than the stack: the rest must stay untouched
+    mt[:cols, :rows] = m.T
+    tria_cols_inplace(mt, rows, cols, np.empty(rows))
+    r = mt[:cols, :rows].T  # rows × cols, upper trapezoidal
+    np.testing.assert_allclose(r.T @ r, m.T @ m, atol=1e-12 * (1 + np.abs(m).max() ** 2))
+    assert np.all(np.tril(r, -1) == 0.0)
+    assert np.all(mt[:, rows:] == sentinel) and np.all(mt[cols:] == sentinel)
+
+
+def test_tria_cols_of_a_rank_deficient_stack_keeps_the_gram_matrix():
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((12, 2))
+    m = b @ rng.standard_normal((2, 6))  # rank 2
+    mt = np.ascontiguousarray(m.T)
+    tria_cols_inplace(mt, 12, 6, np.empty(12))
+    r = mt[:, :12].T
+    np.testing.assert_allclose(r.T @ r, m.T @ m, atol=1e-12 * np.abs(m.T @ m).max())
+    assert np.all(np.isfinite(r))
+
+
+@pytest.mark.parametrize("n, k, m", [(8, 8, 8), (6, 7, 9), (12, 12, 12), (3, 5, 2), (10, 4, 13)])
+def test_matmul_and_matmul_tn_match_numpy(n, k, m):
+    rng = np.random.default_rng(n + 10 * k + 100 * m)
+    a = rng.standard_normal((n, k))
+    b = rng.standard_normal((k, m))
+    out = np.empty((n, m))
+    matmul(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-13, atol=1e-13)
+    at = np.ascontiguousarray(a.T)
+    out[:] = 0.0
+    matmul_tn(at, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-13, atol=1e-13)
+
+
+def test_solve_gram_inplace_applies_the_inverse_gram_matrix():
+    rng = np.random.default_rng(5)
+    r = np.triu(rng.standard_normal((8, 8))) + 4.0 * np.eye(8)
+    x = rng.standard_normal((8, 5))
+    y = x.copy()
+    solve_gram_inplace(r, 8, y)
+    np.testing.assert_allclose(y, np.linalg.solve(r.T @ r, x), rtol=1e-10)
