@@ -8,6 +8,8 @@ backtracks. The line search then often stalls and scipy stops with a "relative r
 first (unit-length) step is cut back to a tiny one. We restart from the last accepted point: at full
 scale after a run that improved the objective without meeting infeasible points, otherwise in
 coordinates scaled by a further 1/10 (a ten times shorter first step), up to ``max_restarts`` times.
+Fixed-step solves past a finite-time blow-up return huge *finite* values; a trial value
+``BLOW_UP_FACTOR`` times worse than the current point therefore counts as infeasible too.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import numpy as np
 from scipy.optimize import minimize
 
 FAILED_VALUE = 1e300
+# A trial value this many times worse than the current point counts as infeasible when choosing the
+# next restart's step scale (fixed-step solves past a finite-time blow-up return huge finite values).
+BLOW_UP_FACTOR = 1e8
 
 
 @dataclass
@@ -66,8 +71,11 @@ def minimize_with_restarts(
         if not np.isfinite(value) or value >= FAILED_VALUE:
             counts["failed"] += 1
             return FAILED_VALUE, np.zeros(n)
+        if value > f + BLOW_UP_FACTOR * (1.0 + abs(f)):
+            counts["failed"] += 1  # finite, but a solve past a blow-up: steps this long are too long
         return float(value), np.asarray(grad, dtype=np.float64)
 
+    f = np.inf  # the value of the current point, once there is one
     x, (f, g) = x0.copy(), feasible(x0)
     nit = nfev = restarts = 0
     scale, message, success = 1.0, "", False

@@ -8,7 +8,9 @@ independent sums, because a single dot product of length ≈ 8 waits on every ad
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import numba as nb
 import numpy as np
@@ -19,6 +21,24 @@ import numpy as np
 # no call overhead for the dozen array-passing calls per step, and the kernels' fixed sizes reach the
 # helpers' loops. It made the Fenrir logp + gradient ≈ 1.5× faster, at ≈ 10–15 s more compile time.
 JIT = dict(cache=True, error_model="numpy", nogil=True, fastmath={"contract"}, forceinline=True)
+
+
+@contextlib.contextmanager
+def slp_vectorization() -> Iterator[None]:
+    """Let LLVM's SLP vectoriser run on what numba compiles inside this block.
+
+    numba switches it off by default (numba PR 8852, after miscompilations reported with older LLVM
+    versions). With the helpers inlined and their sizes fixed, it turns the unrolled 8-wide loops of
+    the Fenrir kernel into AVX instructions: logp + gradient ≈ 1.2× faster. Only the kernels compiled
+    here are affected (the setting is read when a module is optimised, and restored afterwards); the
+    tests compare their results with independent dense computations and central differences.
+    """
+    previous = nb.config.SLP_VECTORIZE
+    nb.config.SLP_VECTORIZE = 1
+    try:
+        yield
+    finally:
+        nb.config.SLP_VECTORIZE = previous
 
 
 @nb.njit(**JIT)
