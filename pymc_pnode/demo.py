@@ -21,7 +21,7 @@ def fitzhugh_nagumo(y, t, p):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--draws", type=int, default=400)
-    parser.add_argument("--tune", type=int, default=600)
+    parser.add_argument("--tune", type=int, default=1000)
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--output", default="pymc_pnode_demo.png")
     args = parser.parse_args(argv)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         map_point = pm.find_MAP(progressbar=False)
         print(f"MAP estimate: theta={np.round(map_point['theta'], 3)}, sigma={map_point['sigma']:.3f}")
         # dense mass matrix: b and c are strongly correlated
-        idata = pm.sample(draws=args.draws, tune=args.tune, chains=args.chains, random_seed=1,
+        idata = pm.sample(draws=args.draws, tune=args.tune, chains=args.chains, random_seed=1, target_accept=0.9,
                           init="adapt_full", initvals={"theta": map_point["theta"], "sigma": map_point["sigma"]})
         pm.compute_log_likelihood(idata)
         elapsed = time.perf_counter() - start

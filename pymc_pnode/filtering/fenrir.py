@@ -438,7 +438,7 @@ def fenrir_kernel(q: int, d: int):
     The sizes are closure constants, so numba compiles (and caches on disk) one kernel per
     ``(q, d)``: with the helpers inlined (``linalg.JIT``), LLVM sees fixed trip counts in every
     small dense loop, unrolls them and, with ``slp_vectorization``, turns them into vector
-    instructions. Compiling a new ``(q, d)`` takes ≈ 40 s once.
+    instructions. Compiling a new ``(q, d)`` takes ≈ 35 s once.
     """
 
     def fenrir_terms(
