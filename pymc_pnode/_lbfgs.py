@@ -9,7 +9,7 @@ first (unit-length) step is cut back to a tiny one. We restart from the last acc
 scale after a run that improved the objective without meeting infeasible points, otherwise in
 coordinates scaled by a further 1/10 (a ten times shorter first step), up to ``max_restarts`` times.
 Fixed-step solves past a finite-time blow-up return huge *finite* values; a trial value
-``BLOW_UP_FACTOR`` times worse than the current point therefore counts as infeasible too.
+``BLOW_UP_FACTOR`` times worse than the run's starting point therefore counts as infeasible too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 FAILED_VALUE = 1e300
-# A trial value this many times worse than the current point counts as infeasible when choosing the
+# A trial value this many times worse than the run's starting point counts as infeasible when choosing the
 # next restart's step scale (fixed-step solves past a finite-time blow-up return huge finite values).
 BLOW_UP_FACTOR = 1e8
 
@@ -75,7 +75,7 @@ def minimize_with_restarts(
             counts["failed"] += 1  # finite, but a solve past a blow-up: steps this long are too long
         return float(value), np.asarray(grad, dtype=np.float64)
 
-    f = np.inf  # the value of the current point, once there is one
+    f = np.inf  # the value at the last accepted point (where each run starts), once there is one
     x, (f, g) = x0.copy(), feasible(x0)
     nit = nfev = restarts = 0
     scale, message, success = 1.0, "", False
