@@ -1,9 +1,17 @@
 """The small dense kernels under the square-root filters, against NumPy."""
 
+import numba as nb
 import numpy as np
 import pytest
 
-from pymc_pnode.filtering.linalg import matmul, matmul_tn, solve_gram_inplace, tria_cols_inplace
+from pymc_pnode.filtering.linalg import (
+    copy_transposed,
+    matmul,
+    matmul_tn,
+    slp_vectorization,
+    solve_gram_inplace,
+    tria_cols_inplace,
+)
 
 
 @pytest.mark.parametrize("rows, cols", [(24, 8), (16, 8), (9, 9), (8, 10), (7, 3), (3, 5), (1, 4), (5, 1)])
@@ -53,3 +61,22 @@ def test_solve_gram_inplace_applies_the_inverse_gram_matrix():
     y = x.copy()
     solve_gram_inplace(r, 8, y)
     np.testing.assert_allclose(y, np.linalg.solve(r.T @ r, x), rtol=1e-10)
+
+
+def test_copy_transposed_writes_the_transpose_at_the_column_offset():
+    src = np.arange(9.0).reshape(3, 3)
+    dst = np.zeros((3, 7))
+    copy_transposed(src, 3, dst, 2)
+    np.testing.assert_array_equal(dst[:, 2:5], src.T)
+    assert np.all(dst[:, :2] == 0.0) and np.all(dst[:, 5:] == 0.0)
+
+
+def test_slp_vectorization_is_scoped_and_restored_after_an_error():
+    before = nb.config.SLP_VECTORIZE
+    with slp_vectorization():
+        assert nb.config.SLP_VECTORIZE == 1
+    assert nb.config.SLP_VECTORIZE == before
+    with pytest.raises(RuntimeError):
+        with slp_vectorization():
+            raise RuntimeError("compile failed")
+    assert nb.config.SLP_VECTORIZE == before
