@@ -8,6 +8,11 @@ backtracks. The line search then often stalls and scipy stops with a "relative r
 first (unit-length) step is cut back to a tiny one. We restart from the last accepted point: at full
 scale after a run that improved the objective without meeting infeasible points, otherwise in
 coordinates scaled by a further 1/10 (a ten times shorter first step), up to ``max_restarts`` times.
+Restarted runs use ``ftol = 0``: a restart discards the quasi-Newton memory, so its first iteration is
+a steepest-descent step, which in an ill-conditioned valley reduces ``f`` by less than ``ftol |f|``;
+with the caller's ``ftol`` every restart would stop after that one iteration, short of stationarity.
+Without the ``ftol`` test a restarted run goes on until scipy's projected-gradient test, a failed line
+search or ``maxiter`` ends it.
 Fixed-step solves past a finite-time blow-up return huge *finite* values; a trial value
 ``BLOW_UP_FACTOR`` times worse than the run's starting point therefore counts as infeasible too.
 """
@@ -91,7 +96,8 @@ def minimize_with_restarts(
         vb = [(None if not np.isfinite(a) else (a - r) / sc, None if not np.isfinite(b) else (b - r) / sc)
               for a, b, r in zip(lo, hi, ref)]
         res = minimize(scaled, np.zeros(n), jac=True, method="L-BFGS-B", bounds=vb, callback=cb,
-                       options={"maxiter": max(maxiter - nit, 1), "gtol": gtol * sc, "ftol": ftol,
+                       options={"maxiter": max(maxiter - nit, 1), "gtol": gtol * sc,
+                                "ftol": ftol if restarts == 0 else 0.0,
                                 "maxcor": 20})
         nit += int(res.nit)
         nfev += int(res.nfev)

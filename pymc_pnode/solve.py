@@ -147,7 +147,7 @@ class ProbabilisticSolution:
         Posterior standard deviations.
     stats : dict
         ``n_steps`` (accepted), ``n_rejected``, ``n_f_evals``, ``success``, ``status``,
-        ``message`` and the calibrated ``diffusion``.
+        ``message``, ``t_final`` (the last time reached) and the calibrated ``diffusion``.
     """
 
     def __init__(self, ode, theta, solver, ts, mus, rs, kappas, out_index, stats, smoothed):
@@ -310,7 +310,12 @@ def solve(
     -------
     ProbabilisticSolution
         Never raises on a diverging solve: failures are reported in ``stats`` (``success``,
-        ``message``) and the solution covers the interval solved so far.
+        ``status``, ``message``, ``t_final``) and the solution covers the interval solved so far.
+        Adaptive solves fail when the step size collapses or ``max_steps`` is reached; fixed-step
+        solves fail at the first step whose predictor–corrector difference or integrated residual
+        is as large as the solution itself
+        (:func:`~pymc_pnode.filtering.odefilter.fixed_step_failed`; one extra evaluation of ``f``
+        per step). Both fail on non-finite values.
 
     Raises
     ------

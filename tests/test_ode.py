@@ -1,5 +1,11 @@
 """ODE definition: symbolic derivatives compiled to numba, exact Taylor coefficients, validation."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -86,9 +92,60 @@ def test_vector_valued_field_is_accepted(stack_ode):
     assert np.allclose(f, [0.4, -2.0 * np.sin(0.3) - 0.02])
 
 
-def test_generated_code_is_reused_from_disk(lv_ode):
-    again = pn.ODE(lotka_volterra, n_states=2, n_theta=4)
-    assert again.rhs.dispatcher.py_func.__module__ == lv_ode.rhs.dispatcher.py_func.__module__
+_BUILD_IN_FRESH_PROCESS = """
+import json
+import pymc_pnode._codegen as codegen
+
+generated = []
+original = codegen.function_source
+
+
+def counting(fname, *args, **kwargs):
+    generated.append(fname)
+    return original(fname, *args, **kwargs)
+
+
+codegen.function_source = counting
+import pymc_pnode as pn
+from tests.conftest import lotka_volterra
+
+ode = pn.ODE(lotka_volterra, n_states=2, n_theta=4)
+rhs = ode.rhs.dispatcher
+print(json.dumps({
+    "generated": generated,
+    "file": rhs.py_func.__code__.co_filename,
+    "numba_cache_hits": sum(rhs.stats.cache_hits.values()),
+    "f": list(ode.f([1.3, 0.7], 0.0, [0.5, 1.1, 0.9, 0.4])),
+}))
+"""
+
+
+def _build_in_fresh_process(cache_dir):
+    env = dict(os.environ, PYMC_PNODE_CACHE_DIR=str(cache_dir))
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", _BUILD_IN_FRESH_PROCESS], cwd=root, env=env, capture_output=True, text=True,
+        timeout=600, check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_generated_code_is_reused_from_disk(tmp_path):
+    # Two fresh interpreters share an empty code cache: the first generates and writes the module,
+    # the second must neither generate source nor rewrite the file, and must load numba's compiled
+    # code from disk (cache_hits) instead of compiling it again.
+    first = _build_in_fresh_process(tmp_path)
+    assert first["generated"], "the first process must generate the module"
+    assert first["numba_cache_hits"] == 0
+    module = Path(first["file"])
+    assert module.parent == tmp_path and module.exists()
+    files = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("pnode_*.py")}
+    second = _build_in_fresh_process(tmp_path)
+    assert second["generated"] == []
+    assert second["file"] == first["file"]
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("pnode_*.py")} == files
+    assert second["numba_cache_hits"] > 0
+    assert second["f"] == first["f"]
 
 
 def test_wrong_output_length_names_func():

@@ -31,11 +31,16 @@ STATUS_SUCCESS = 0
 STATUS_NONFINITE = 1
 STATUS_STEP_TOO_SMALL = 2
 STATUS_MAX_STEPS = 3
+STATUS_DIVERGED = 4
 STATUS_MESSAGES = {
     STATUS_SUCCESS: "success",
     STATUS_NONFINITE: "non-finite values in the filter state (the solve diverged)",
     STATUS_STEP_TOO_SMALL: "step size became too small (the problem may be stiff or singular)",
     STATUS_MAX_STEPS: "maximum number of steps reached",
+    STATUS_DIVERGED: (
+        "a fixed step's error indicators reached the size of the solution (relative error >= 1): "
+        "the solve diverged; use a smaller step, EK1, or adaptive steps"
+    ),
 }
 
 
@@ -157,6 +162,69 @@ def quadratic_form_inverse(c: np.ndarray, z: np.ndarray, d: int, work: np.ndarra
 
 
 @nb.njit(**JIT)
+def fixed_step_failed(
+    h: float, mu_prev: np.ndarray, mu_pred: np.ndarray, mu_post: np.ndarray, f_post: np.ndarray, d: int
+) -> bool:
+    """Whether a step's own error indicators are as large as the solution: the failure test of fixed steps.
+
+    Fixed-step solves have no error controller, so a solve across a singularity or beyond the
+    stability region returns large but finite numbers unless each step is checked. Two indicators of
+    the error of the step from ``t_{n-1}`` to ``t_n = t_{n-1} + h`` are computed from quantities
+    the filter already has:
+
+    * the correction ``c = ‖E0 (μ_n - μ⁻_n)‖₂`` that the ODE information makes to the extrapolated
+      solution (the predictor–corrector difference of Milne's device; Lambert, 1991, ch. 4): a
+      linear instability (EK0 beyond its stability region, EK1 transients on stiff steps) makes the
+      prediction and the update disagree;
+    * the residual of the computed solution integrated over the step,
+      ``r = h ‖E1 μ_n - f(E0 μ_n, t_n)‖₂`` (defect control, Enright, 1989; the residual of the ODE
+      filter's posterior mean, Krämer & Hennig, 2021): after a blow-up of a nonlinear field the
+      posterior derivative no longer matches the vector field at the posterior solution, even
+      when the linearised update looks consistent.
+
+    The step fails when ``max(c, r) > max(‖y_{n-1}‖₂, ‖y_n‖₂)``, i.e. when either indicator says
+    that the step's relative error is at least one (the scaled error of Hairer, Nørsett & Wanner,
+    1993, §II.4, with ``Atol = 0``, ``Rtol = 1``, in the Euclidean norm), or when any of them is not
+    finite. The norm over all states keeps a component that passes through zero from triggering
+    the test; a zero error on a zero solution is not a failure. Both indicators vanish as
+    ``h → 0``, and for an affine vector field the EK1 residual is zero, so on a problem the step
+    resolves the test does not fire: it flags numbers that no longer approximate the solution,
+    not mere inaccuracy (a bounded but inaccurate solution passes; only error control detects that).
+
+    Parameters
+    ----------
+    h : float
+        Step size ``t_n - t_{n-1}``.
+    mu_prev, mu_pred, mu_post : ndarray, shape ((q+1) d,)
+        Filter mean at ``t_{n-1}``, predicted mean at ``t_n`` and updated mean at ``t_n``
+        (derivative-major: ``y`` in the first ``d`` entries, ``y'`` in the next ``d``).
+    f_post : ndarray, shape (d,)
+        The vector field at the updated solution, ``f(E0 μ_n, t_n)`` (one extra evaluation).
+    d : int
+        Number of states.
+
+    Returns
+    -------
+    bool
+        ``True`` when the step failed and the solve must stop before ``t_n``.
+    """
+    c2 = 0.0
+    r2 = 0.0
+    a2 = 0.0
+    b2 = 0.0
+    for k in range(d):
+        dc = mu_post[k] - mu_pred[k]
+        dr = h * (mu_post[d + k] - f_post[k])
+        c2 += dc * dc
+        r2 += dr * dr
+        a2 += mu_prev[k] * mu_prev[k]
+        b2 += mu_post[k] * mu_post[k]
+    if not (math.isfinite(c2) and math.isfinite(r2)):
+        return True
+    return max(c2, r2) > max(a2, b2)
+
+
+@nb.njit(**JIT)
 def update_sqrt(
     r_pred: np.ndarray,
     mu_pred: np.ndarray,
@@ -250,7 +318,9 @@ def run_filter(
 
     Fixed steps walk ``grid`` exactly. Adaptive steps start at ``grid[0]`` and hit every later
     entry of ``grid`` (output times and the end point) exactly, choosing steps with the local
-    error estimate and a PI controller (notes 002 §5.1–5.2).
+    error estimate and a PI controller (notes 002 §5.1–5.2). Fixed steps have no controller: they
+    stop with ``STATUS_DIVERGED`` before the first step that :func:`fixed_step_failed` flags (one
+    extra evaluation of ``f`` per step, counted in ``n_f_evals``).
 
     Returns ``(ts, mus, rs, kappas, n_accepted, n_rejected, n_f_evals, status, stat_sum)`` where
     ``kappas[n]`` is the diffusion used on the step that ended at ``ts[n]`` and ``stat_sum`` the sum of
@@ -282,6 +352,7 @@ def run_filter(
     tmp = np.empty(d)
     y_prev = np.empty(d)
     xi = np.empty(d)
+    f_post = np.empty(d)
 
     n = 0
     n_rej = 0
@@ -373,6 +444,16 @@ def run_filter(
         if not (math.isfinite(stat) and all_finite(mus[n + 1]) and all_finite(rs[n + 1])):
             status = STATUS_NONFINITE
             break
+        if not adaptive:
+            # No controller guards fixed steps: stop at the first step that no longer approximates
+            # the solution (one more evaluation of f, at the updated solution).
+            for k in range(d):
+                xi[k] = mus[n + 1, k]
+            rhs(xi, t_new, p, f_post)
+            n_f += 1
+            if fixed_step_failed(h_try, mus[n], mu_pred, mus[n + 1], f_post, d):
+                status = STATUS_DIVERGED
+                break
         stat_sum += stat
         n += 1
         ts[n] = t_new
