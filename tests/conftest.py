@@ -106,3 +106,46 @@ def assert_gradient_matches_central_differences(build, point, rel=1e-6, abs_=1e-
             args_m[i] = minus.reshape(x.shape)
             fd[j] = (fn(*args_p)[0] - fn(*args_m)[0]) / (2 * h)
         np.testing.assert_allclose(grad, fd, rtol=rel, atol=abs_, err_msg=f"input {i}")
+
+
+# --- mutation checks -----------------------------------------------------------------------------
+# A test that claims a posterior, MAP or fit is right must fail when the likelihood is wrong. Such
+# tests are written as a check function of the model; the check runs once on the model as built and
+# once per mutation below, where it must raise AssertionError.
+LIKELIHOOD_MUTATIONS = pytest.mark.parametrize("factor", [0.0, 0.5], ids=["prior-only", "half-likelihood"])
+
+
+def scale_likelihood(model, factor: float):
+    """``model`` with the log-density of every observed variable multiplied by ``factor``.
+
+    ``factor = 0`` returns a copy of the model without its observed variables (only the priors
+    remain; cancelling the terms numerically would leave rounding noise of size |log p| that wrecks
+    NUTS where the likelihood is huge). Other factors add the potential
+    ``(factor - 1) · log p(observed)`` to ``model`` in place; it applies with every sampler and
+    backend (multiprocess ``pm.sample``, nutpie, ``find_MAP``, and it sits in ``datalogp``, which
+    parallel tempering tempers). Always use the returned model.
+    """
+    import pymc as pm
+    from pymc.model.fgraph import fgraph_from_model, model_from_fgraph
+
+    if factor == 0.0:
+        # fgraph conversion refuses custom initial values: carry them over by name.
+        initvals = {rv.name: v for rv, v in model.rvs_to_initial_values.items() if v is not None}
+        saved = dict(model.rvs_to_initial_values)
+        model.rvs_to_initial_values = {rv: None for rv in saved}
+        try:
+            fgraph, memo = fgraph_from_model(model)
+        finally:
+            model.rvs_to_initial_values = saved
+        observed = {memo[v] for v in model.observed_RVs}
+        for i in reversed(range(len(fgraph.outputs))):
+            if fgraph.outputs[i] in observed:
+                fgraph.remove_output(i)
+        prior_model = model_from_fgraph(fgraph, mutate_fgraph=True)
+        for name, value in initvals.items():
+            prior_model.set_initval(prior_model[name], value)
+        return prior_model
+    if factor != 1.0:
+        with model:
+            pm.Potential("likelihood_mutation", (factor - 1.0) * model.logp(vars=model.observed_RVs))
+    return model

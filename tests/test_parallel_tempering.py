@@ -12,6 +12,7 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 
+from tests.conftest import LIKELIHOOD_MUTATIONS, scale_likelihood
 from pymc_pnode.sampling import (
     HamiltonianMove,
     ParallelTempering,
@@ -148,6 +149,72 @@ def test_conjugate_normal_posterior(
     assert abs(float(mu.mean()) - CONJ_POST_MEAN) < 4.0 * post_sd / np.sqrt(ess)
     assert abs(float(mu.var()) - CONJ_POST_VAR) < 4.0 * CONJ_POST_VAR * np.sqrt(2.0 / ess)
     assert np.all(idata.sample_stats["betas"].values[..., 0] == 1.0)
+
+
+# ------------------------------------------------- posterior tempering, bimodal prior
+
+# x ~ 0.5 N(-4, 0.5²) + 0.5 N(4, 0.5²), one observation y ~ N(x, 3²) at y = 1.5: the prior itself
+# has two modes 16 prior sd apart, which tempering the whole density (beta * (prior + likelihood))
+# flattens in the hot replicas. The likelihood moves the right mode's weight from 0.5 to 0.785 (and
+# to 0.659 at half weight), which the check below resolves.
+BIPRIOR_MU = np.array([-4.0, 4.0])
+BIPRIOR_SD = 0.5
+BI_OBS, BI_OBS_SD = 1.5, 3.0
+
+
+def _bimodal_prior_model() -> pm.Model:
+    with pm.Model() as model:
+        pm.NormalMixture("x", w=[0.5, 0.5], mu=BIPRIOR_MU, sigma=BIPRIOR_SD, initval=-4.0)
+        pm.Normal("y", model["x"], BI_OBS_SD, observed=BI_OBS)
+    return model
+
+
+def _bimodal_prior_reference() -> dict[str, float]:
+    """Posterior summaries by quadrature of prior × likelihood on a fine grid."""
+    grid = np.linspace(-10.0, 10.0, 400_001)
+    prior = sum(0.5 * np.exp(-0.5 * ((grid - m) / BIPRIOR_SD) ** 2) for m in BIPRIOR_MU)
+    dens = prior * np.exp(-0.5 * ((grid - BI_OBS) / BI_OBS_SD) ** 2)
+    dens /= dens.sum()
+    right = grid > 0
+    mean_right = float((dens[right] * grid[right]).sum() / dens[right].sum())
+    return {"p_right": float(dens[right].sum()), "mean": float((dens * grid).sum()), "right_mean": mean_right}
+
+
+def _sample_bimodal_prior(model: pm.Model, tempering: str, seed: int = 6) -> az.InferenceData:
+    with model:
+        step = ParallelTempering(n_replicas=6, beta_min=0.01, tempering=tempering)
+        return pm.sample(draws=2000, tune=800, step=step, chains=2, cores=1, random_seed=seed,
+                         initvals={"x": -4.0}, **SAMPLE_KW)
+
+
+def _check_bimodal_prior_posterior(idata: az.InferenceData, ref: dict[str, float]) -> None:
+    """Mode weight and means within 4 Monte Carlo standard errors (ESS-based) of quadrature."""
+    x = idata.posterior["x"]
+    indicator = (x > 0).astype(float).rename("right").to_dataset()
+    mcse_right = float(az.mcse(indicator)["right"])
+    assert mcse_right < 0.04, mcse_right
+    draws = x.values.ravel()
+    assert abs(float((draws > 0).mean()) - ref["p_right"]) < 4 * mcse_right + 0.01, ((draws > 0).mean(), ref)
+    mcse_mean = float(az.mcse(idata, var_names=["x"])["x"])
+    assert abs(float(draws.mean()) - ref["mean"]) < 4 * mcse_mean + 0.02, (draws.mean(), ref)
+    assert abs(float(draws[draws > 0].mean()) - ref["right_mean"]) < 0.05, ref
+
+
+def test_posterior_tempering_samples_a_bimodal_prior_posterior() -> None:
+    ref = _bimodal_prior_reference()
+    # the likelihood moves weight to the right mode: 0.5 a priori
+    assert 0.75 < ref["p_right"] < 0.82, ref
+    idata = _sample_bimodal_prior(_bimodal_prior_model(), "posterior")
+    assert np.all(idata.sample_stats["betas"].values[..., 0] == 1.0)
+    _check_bimodal_prior_posterior(idata, ref)
+
+
+@LIKELIHOOD_MUTATIONS
+def test_posterior_tempering_check_fails_with_mutated_likelihood(factor: float) -> None:
+    model = scale_likelihood(_bimodal_prior_model(), factor)
+    idata = _sample_bimodal_prior(model, "posterior")
+    with pytest.raises(AssertionError):
+        _check_bimodal_prior_posterior(idata, _bimodal_prior_reference())
 
 
 # ------------------------------------------------------ statistics and plumbing
