@@ -42,6 +42,7 @@ from pymc_pnode.filtering.linalg import (
 from pymc_pnode.filtering.odefilter import (
     apply_transition,
     fill_root_transition_t,
+    fixed_step_failed,
     preconditioner,
     predict_root,
     transition_coefficients,
@@ -453,7 +454,8 @@ def fenrir_kernel(q: int, d: int):
         ``sigma_dir[c]`` of ``n_sigma``. With ``want_grad`` the gradient of ``cotangent · terms`` with
         respect to ``(y0, θ, noise scales, κ)`` is returned (reverse mode).
 
-        Returns ``(terms, grad, ok)``; ``ok`` is False when the solve produced non-finite values.
+        Returns ``(terms, grad, ok)``; ``ok`` is False when the solve produced non-finite values or a
+        step failed :func:`~pymc_pnode.filtering.odefilter.fixed_step_failed`.
         """
         k = theta.shape[0]
         dd = (q + 1) * d
@@ -520,6 +522,13 @@ def fenrir_kernel(q: int, d: int):
                 za[n, c] = mu_pa[n, d + c] - fx[c]
             update_sqrt(r_pa[n], mu_pa[n], lin[n], za[n], q, d, m_upd, wvec, mu_fa[n], r_fa[n])
             if not (all_finite(mu_fa[n]) and all_finite(r_fa[n])):
+                return terms, grad, False
+            # A fixed step that no longer approximates the solution (past a blow-up, outside the
+            # stability region) makes the likelihood -inf instead of a finite wrong number.
+            for c in range(d):
+                xi[c] = mu_fa[n, c]
+            rhs(xi, t, theta, fx)
+            if fixed_step_failed(h, mu_fa[n - 1], mu_pa[n], mu_fa[n], fx, d):
                 return terms, grad, False
 
         # ---------------------------------------------------------------- backward Kalman filter on data
