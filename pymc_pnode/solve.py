@@ -87,9 +87,18 @@ def _diffusion_mode(diffusion) -> tuple[int, float]:
     return DIFFUSION_FIXED, value
 
 
+def as_float_array(value, name: str) -> np.ndarray:
+    """``value`` as a float64 array; a ``ValueError`` naming ``name`` when it is not numeric."""
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be numeric, got {type(value).__name__} that cannot be "
+                         f"converted to floats ({err})") from err
+
+
 def validate_times(times, t_span: tuple[float, float], name: str) -> np.ndarray:
     """Strictly increasing finite times inside ``t_span``; ``ValueError`` naming ``name`` otherwise."""
-    arr = np.atleast_1d(np.asarray(times, dtype=np.float64))
+    arr = np.atleast_1d(as_float_array(times, name))
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-d sequence of times")
     if not np.all(np.isfinite(arr)):
@@ -336,6 +345,9 @@ def solve(
         step = float(step)
         if not (step > 0 and math.isfinite(step)):
             raise ValueError(f"step must be positive and finite, got {step!r}")
+        if step > t1 - t0:
+            raise ValueError(f"step must not exceed the time span t_span[1] - t_span[0] = {t1 - t0!r}, "
+                             f"got {step!r}")
     else:
         if not (rtol > 0 and atol > 0):
             raise ValueError(f"rtol and atol must be positive, got rtol={rtol!r}, atol={atol!r}")

@@ -209,6 +209,10 @@ def test_fixed_step_past_a_pole_gives_minus_infinity(solver):
         (dict(theta=[0.2, 0.2, 3.0, 1.0]), "theta"),
         (dict(y0=[-1.0]), "y0"),
         (dict(y0=[np.nan, 1.0]), "y0"),
+        (dict(obs_matrix=[[np.nan, 1.0]]), "obs_matrix must be finite"),
+        (dict(obs_matrix=[["a", 1.0]]), "obs_matrix must be numeric"),
+        (dict(data=[["1.0"], ["x"], ["2"]]), "data must be numeric"),
+        (dict(times=["0.5", "one", "2"]), "times must be numeric"),
     ],
 )
 def test_bad_input(kwargs, match, fhn_ode):

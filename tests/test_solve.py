@@ -383,6 +383,8 @@ def test_fixed_step_failure_criterion_semantics():
         (dict(save_at=[0.5, 3.0]), "save_at"),
         (dict(step=0.0), "step"),
         (dict(step=-0.1), "step"),
+        (dict(step=2.5), "step must not exceed the time span"),
+        (dict(save_at=["a"]), "save_at must be numeric"),
         (dict(diffusion=-1.0), "diffusion"),
         (dict(diffusion="bogus"), "diffusion"),
         (dict(rtol=0.0), "rtol"),

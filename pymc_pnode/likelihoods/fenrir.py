@@ -19,7 +19,7 @@ from pytensor.tensor.rewriting.basic import register_specialize
 
 from pymc_pnode.filtering.fenrir import fenrir_kernel
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import EK1, _ODEFilter, fixed_grid, solve, validate_times
+from pymc_pnode.solve import EK1, _ODEFilter, as_float_array, fixed_grid, solve, validate_times
 
 __all__ = ["Fenrir", "FenrirProblem", "fenrir_loglik"]
 
@@ -54,9 +54,11 @@ class FenrirProblem:
         if times[0] < ode.t0:
             raise ValueError(f"times must not precede the initial time t0={ode.t0}, got {times[0]}")
         d = ode.n_states
-        cmat = np.eye(d) if obs_matrix is None else np.atleast_2d(np.asarray(obs_matrix, dtype=np.float64))
+        cmat = np.eye(d) if obs_matrix is None else np.atleast_2d(as_float_array(obs_matrix, "obs_matrix"))
         if cmat.ndim != 2 or cmat.shape[1] != d:
             raise ValueError(f"obs_matrix must have shape (n_observed, {d}), got {cmat.shape}")
+        if not np.all(np.isfinite(cmat)):
+            raise ValueError("obs_matrix must be finite, it contains NaN or ±inf")
         n_obs, m = data_shape
         if n_obs != times.size:
             raise ValueError(f"data has {n_obs} rows but times has {times.size} entries")
@@ -296,7 +298,7 @@ def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, step):
     sigma = pt.as_tensor_variable(obs_sigma, dtype="float64")
     if sigma.ndim > 1:
         raise ValueError("obs_sigma must be a scalar or a vector")
-    arr = np.asarray(data, dtype=np.float64)
+    arr = as_float_array(data, "data")
     if arr.ndim == 1:
         arr = arr[:, None]
     if arr.ndim != 2:
@@ -384,7 +386,8 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, rng, size)
     n_obs, m = problem.missing.shape
     batch = (n_obs,) if size is None else tuple(np.atleast_1d(size))
     n = int(np.prod(batch[:-1])) if len(batch) > 1 else 1
-    sol = solve(ode, y0, theta, (ode.t0, problem.grid[-1]), solver=problem.solver, step=problem.step,
+    span = problem.grid[-1] - ode.t0  # the same grid as the likelihood's: steps of at most problem.step
+    sol = solve(ode, y0, theta, (ode.t0, problem.grid[-1]), solver=problem.solver, step=min(problem.step, span),
                 save_at=problem.times, diffusion=float(kappa))
     if not sol.success:
         return np.full(batch + (m,), np.nan)
