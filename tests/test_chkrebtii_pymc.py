@@ -261,7 +261,7 @@ def test_numba_backend_matches_default_backend(lv_ode):
     with pm.Model() as model:
         th = pm.LogNormal("th", np.log([1.0, 0.8, 0.6, 1.1]), 0.1, shape=4)
         lam = pm.LogNormal("lam", np.log(0.4), 0.2)
-        u = ChkrebtiiSolution("u", lv_ode, y0=[1.0, 0.5], theta=th, t_span=(0, 3), n_grid=20,
+        u = ChkrebtiiSolution("u", lv_ode, y0=[1.0, 0.5], theta=th, t_span=(0, 3), n_grid=8,
                               alpha=20.0, lam=lam, times=times, noise="paper")
         pm.Normal("y", u, 0.1, observed=np.ones((3, 2)))
     point = model.initial_point()
