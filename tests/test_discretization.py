@@ -9,6 +9,7 @@ from scipy.stats import norm
 import pymc_pnode as pn
 from pymc_pnode.classical.rk import FixedStepSolver
 from pymc_pnode.likelihoods.discretization import DiscretizationErrorNormal
+from tests.conftest import LIKELIHOOD_MUTATIONS, scale_likelihood
 
 
 def decay(y, t, p):
@@ -110,6 +111,59 @@ def test_nuts_samples_without_divergences(decay_ode):
     assert abs(post_k.mean() - 0.8) < 0.15
     var = idata.posterior["y_error_var"].values.reshape(-1, TIMES.size)
     assert np.all(np.diff(var, axis=1) >= 0.0)
+
+
+_INCREMENTS = np.linspace(0.0, 0.002, TIMES.size)
+
+
+def _euler_decay_model(ode, data):
+    """k ~ LogNormal(0, 0.5) (median 1, truth 0.8), Euler at step 0.25 with fixed variance increments."""
+    with pm.Model() as model:
+        k = pm.LogNormal("k", 0.0, 0.5, shape=1)
+        DiscretizationErrorNormal("y", ode, y0=[2.0], theta=k, times=TIMES, observed=data,
+                                  noise_var=0.05**2, method="euler", step=0.25, increments=_INCREMENTS)
+    return model
+
+
+def _euler_decay_reference(data):
+    """Posterior mean and sd of log k by quadrature, written independently: Euler's solution of
+    y' = -k y is 2 (1 - k h)^(t / h) in closed form, the variances 0.05² + cumsum(increments)."""
+    log_k = np.linspace(-1.0, 0.3, 2601)
+    k = np.exp(log_k)[:, None]
+    mean = 2.0 * (1.0 - 0.25 * k) ** np.round(TIMES / 0.25)
+    sd = np.sqrt(0.05**2 + np.cumsum(_INCREMENTS))
+    logpost = norm.logpdf(data, mean, sd).sum(axis=1) + norm.logpdf(log_k, 0.0, 0.5)
+    w = np.exp(logpost - logpost.max())
+    w /= w.sum()
+    assert w[0] < 1e-10 and w[-1] < 1e-10
+    m = float(w @ log_k)
+    return m, float(np.sqrt(w @ (log_k - m) ** 2))
+
+
+def _check_posterior(idata, ref):
+    """log k: mean within 0.3 reference sd, sd within 20 % (half the likelihood widens it by ≈ √2)."""
+    draws = np.log(idata.posterior["k"].values.reshape(-1))
+    assert abs(draws.mean() - ref[0]) < 0.3 * ref[1], (draws.mean(), ref)
+    assert 0.8 < draws.std() / ref[1] < 1.2, (draws.std(), ref)
+
+
+def _sample(model):
+    with model:
+        return pm.sample(draws=500, tune=300, chains=2, cores=1, random_seed=4, progressbar=False,
+                         compute_convergence_checks=False)
+
+
+def test_nuts_posterior_matches_quadrature(decay_ode):
+    data = _decay_data()
+    _check_posterior(_sample(_euler_decay_model(decay_ode, data)), _euler_decay_reference(data))
+
+
+@LIKELIHOOD_MUTATIONS
+def test_posterior_check_fails_with_mutated_likelihood(decay_ode, factor):
+    data = _decay_data()
+    idata = _sample(scale_likelihood(_euler_decay_model(decay_ode, data), factor))
+    with pytest.raises(AssertionError):
+        _check_posterior(idata, _euler_decay_reference(data))
 
 
 def test_unknown_noise_variance_as_random_variable(decay_ode):
