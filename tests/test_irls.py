@@ -88,7 +88,10 @@ def test_irls_decreases_objective_monotonically_on_fitzhugh_nagumo(fhn_ode):
     # Fitted variances are monotone in time and the weights capped at 1/noise_var.
     assert np.all(np.diff(res.error_var[:, 0]) >= 0)
     assert res.weights.max() <= 100.0 + 1e-9
-    assert np.sum((res.theta - theta) ** 2) < 0.05
+    # Per-parameter recovery. A tight RK4 least-squares fit of the same V data gives
+    # (0.197, 0.210, 2.998) (seed 3) and (0.195, 0.173, 3.006) (seed 4): b is weakly identified from
+    # V alone; Euler-IRLS gives (0.195, 0.211, 2.946) and (0.187, 0.266, 2.924).
+    np.testing.assert_allclose(res.theta, theta, atol=[0.025, 0.1, 0.12])
 
 
 def test_irls_recovers_lorenz_parameters(lorenz_ode):
@@ -147,8 +150,21 @@ def test_unknown_noise_variant_with_partial_observation(lorenz_ode):
                    n_iter=4, obs_matrix=h)
     np.testing.assert_allclose(res.theta, theta, rtol=0.02)
     assert res.weights.max() <= 1e3 * (1 + 1e-12)
-    # The noise variances are estimated by the first (largest) weights.
-    np.testing.assert_allclose(res.noise_var, 1.0 / res.weights[0])
+    # The noise variances are estimated by the first (largest) weights, i.e. PAVA's first block: the
+    # smallest running mean of the squared residuals, clipped at the lower bound (recomputed here from
+    # the final fit; the weights come from the residuals of the previous iterate, hence rtol 0.15 —
+    # the mean squared residual, the unbiased alternative, would be ≈ 0.5 and 0.1).
+    r2 = (data - res.fitted @ h.T) ** 2
+    running_min = np.min(np.cumsum(r2, axis=0) / np.arange(1, times.size + 1)[:, None], axis=0)
+    np.testing.assert_allclose(res.noise_var, np.maximum(running_min, 1e-3), rtol=0.15)
+    # That estimator is biased low (the boundary inconsistency of isotonic regression; see irls_fit):
+    # compare with the truth through its distribution for pure-noise residuals, simulated.
+    chi2 = np.random.default_rng(0).chisquare(1, size=(20000, times.size))
+    null = np.min(np.cumsum(chi2, axis=1) / np.arange(1, times.size + 1), axis=1)
+    lo, hi = np.quantile(null, [0.005, 0.995])
+    ratio = res.noise_var / noise
+    assert np.all((lo < ratio) & (ratio < hi)), (ratio, lo, hi)
+    assert 0.3 < null.mean() < 0.45  # the documented bias: mean ≈ 0.37 γ²
     assert np.all(res.error_var >= 0.0) and np.all(np.diff(res.error_var, axis=0) >= -1e-12)
 
 
