@@ -91,7 +91,7 @@ def test_irls_decreases_objective_monotonically_on_fitzhugh_nagumo(fhn_ode):
     # Per-parameter recovery. A tight RK4 least-squares fit of the same V data gives
     # (0.197, 0.210, 2.998) (seed 3) and (0.195, 0.173, 3.006) (seed 4): b is weakly identified from
     # V alone; Euler-IRLS gives (0.195, 0.211, 2.946) and (0.187, 0.266, 2.924).
-    np.testing.assert_allclose(res.theta, theta, atol=[0.025, 0.1, 0.12])
+    assert np.all(np.abs(res.theta - theta) < [0.025, 0.1, 0.12]), res.theta
 
 
 def test_irls_recovers_lorenz_parameters(lorenz_ode):
