@@ -3,8 +3,10 @@
 import numpy as np
 import pymc as pm
 import pytensor
+import pytensor.tensor as pt
 import pytest
 import scipy.optimize
+from scipy.integrate import solve_ivp
 
 import pymc_pnode as pn
 from pymc_pnode._lbfgs import minimize_with_restarts
@@ -247,3 +249,60 @@ def test_fit_mle_matches_least_squares_and_ignores_the_priors():
         _check_mle(posterior_mode.point, reference)
     with pytest.raises(ValueError, match="objective"):
         pn.fit(model, objective="ml")
+
+
+def _pendulum(y, t, p):
+    return [y[1], -9.81 / p[0] * pt.sin(y[0])]
+
+
+@pytest.fixture(scope="module")
+def pendulum_problem():
+    """The pendulum of Beck et al. (2024, "Diffusion tempering improves parameter estimation with
+    probabilistic integrators for ODEs", Table 1): length ℓ = 3 in [0.1, 10], angle observed with
+    noise variance 0.1 (here every 0.1 on [0, 10]; Fenrir EK1(3), step 0.05), and the exact maximum
+    likelihood estimate of ℓ from a tight DOP853 solution (the independent reference)."""
+    ode = pn.ODE(_pendulum, n_states=2, n_theta=1)
+    times = np.round(np.arange(0.0, 10.05, 0.1), 10)
+    y0 = [np.pi / 4, 0.0]
+
+    def states(length):
+        return solve_ivp(lambda t, y: [y[1], -9.81 / length * np.sin(y[0])], (0.0, 10.0), y0, t_eval=times,
+                         method="DOP853", rtol=1e-11, atol=1e-11).y.T
+
+    def angle(length):
+        return states(length)[:, 0]
+
+    # as the paper's data generation (and case_studies/fenrir_dt_table1.py): noise on the full state
+    clean = states(3.0)
+    data = (clean + np.sqrt(0.1) * np.random.default_rng(1234).standard_normal(clean.shape))[:, :1]
+    exact = scipy.optimize.minimize_scalar(lambda ell: np.sum((data[:, 0] - angle(ell)) ** 2), bounds=(2.5, 3.5),
+                                           method="bounded", options={"xatol": 1e-9}).x
+
+    def model(diffusion):
+        with pm.Model() as m:
+            ell = pm.Uniform("l", 0.1, 10.0)
+            if diffusion is None:  # learned jointly, as Fenrir without tempering
+                diffusion = pt.exp(pm.Flat("log_kappa"))
+            pn.Fenrir("x", ode, y0=y0, theta=pt.stack([ell]), times=times, observed=data,
+                      obs_sigma=np.sqrt(0.1), obs_matrix=[[1.0, 0.0]], diffusion=diffusion, step=0.05)
+        return m
+
+    return model, float(exact)
+
+
+@pytest.mark.parametrize("start", [8.0147, 0.8794], ids=["long", "short"])
+def test_diffusion_tempering_reaches_the_mle_where_a_joint_fit_fails(pendulum_problem, start):
+    # Starts at which the paper's FENRIR (diffusion learned jointly) fails; measured here: the joint
+    # fit ends at the bound ℓ = 10 or at ℓ ≈ 0.107 (both local optima, "converged"), while tempering
+    # reaches the exact MLE 3.045879 from these and four other such starts, also with the start
+    # perturbed by ±1e-6 relative. Tempering is a heuristic, not a guarantee: with another noise
+    # realisation (noise drawn for the angle only, same seed) it ends at the bound ℓ = 0.1 from 0.88.
+    model, exact = pendulum_problem
+    with model(None):
+        joint = pn.fit(objective="mle", start={"l": start, "log_kappa": 0.0})
+    assert abs(float(joint.point["l"]) - exact) > 0.5  # the control: without tempering it fails
+    kappa = pytensor.shared(1.0, name="kappa")
+    with model(kappa):
+        tempered = pn.diffusion_tempering(diffusion=kappa, start={"l": start}, progressbar=False)
+    assert tempered.stages[-1].converged
+    assert abs(float(tempered.point["l"]) - exact) < 1e-4, (tempered.point["l"], exact)
