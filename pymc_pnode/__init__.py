@@ -21,6 +21,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "Fenrir": "pymc_pnode.likelihoods.fenrir",
     "fenrir_loglik": "pymc_pnode.likelihoods.fenrir",
+    "fenrir_diagnostics": "pymc_pnode.likelihoods.fenrir",
+    "AccuracyWarning": "pymc_pnode.accuracy",
+    "SolverDiagnostics": "pymc_pnode.accuracy",
     "fit": "pymc_pnode.optimize",
     "diffusion_tempering": "pymc_pnode.optimize",
     "tempering_schedule": "pymc_pnode.optimize",

@@ -15,6 +15,7 @@ from pymc_pnode.filtering.odefilter import (
     STATUS_MESSAGES,
     STATUS_NONFINITE,
     STATUS_SUCCESS,
+    initial_step_size,
     run_filter,
 )
 from pymc_pnode.filtering.smoother import interpolate, sample_backward, smooth
@@ -129,16 +130,6 @@ def fixed_grid(stops: np.ndarray, step: float) -> np.ndarray:
         inner[-1] = b
         pieces.append(inner)
     return np.concatenate(pieces)
-
-
-def initial_step(ode: ODE, y0, theta, t0: float, rtol: float, atol: float, q: int) -> float:
-    """Step-size guess from the scale of ``y0`` and ``f(y0)`` (Hairer, Nørsett & Wanner, II.4)."""
-    f0 = ode.f(y0, t0, theta)
-    sc = atol + rtol * np.abs(y0)
-    d0 = np.sqrt(np.mean((y0 / sc) ** 2))
-    d1 = np.sqrt(np.mean((f0 / sc) ** 2))
-    h0 = 1e-6 if (d0 < 1e-5 or d1 < 1e-5 or not np.isfinite(d1)) else 0.01 * d0 / d1
-    return float(h0)
 
 
 class ProbabilisticSolution:
@@ -372,7 +363,7 @@ def solve(
         n_acc = n_rej = n_f = 0
         status, stat_sum = STATUS_NONFINITE, 0.0
     else:
-        h0 = initial_step(ode, y0, theta, t0, rtol, atol, q) if adaptive else 0.0
+        h0 = initial_step_size(ode.rhs, y0, t0, theta, float(rtol), float(atol)) if adaptive else 0.0
         ts, mus, rs, kap, n_acc, n_rej, n_f, status, stat_sum = run_filter(
             ode.rhs, ode.jac_y, theta, mu0, q, d, prior.Q_bar_sqrt, solver.ek1, mode, kappa,
             adaptive, grid, min(h0, t1 - t0), float(rtol), float(atol), int(max_steps),

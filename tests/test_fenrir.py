@@ -283,6 +283,9 @@ def _fhn_model(fhn_ode, times, data, likelihood="fenrir"):
             pn.Fenrir("V", fhn_ode, y0=[-1.0, 1.0], theta=theta, times=times, observed=data,
                       obs_matrix=[[1.0, 0.0]], obs_sigma=sigma, diffusion=1.0, step=0.1,
                       dims=("time", "observable"))
+        elif likelihood == "fenrir-defaults":  # error-controlled steps, calibrated diffusion
+            pn.Fenrir("V", fhn_ode, y0=[-1.0, 1.0], theta=theta, times=times, observed=data,
+                      obs_matrix=[[1.0, 0.0]], obs_sigma=sigma, dims=("time", "observable"))
         else:
             states = pn.rk_solve(fhn_ode, [-1.0, 1.0], theta, times, step=0.01)
             pm.Normal("V", states[:, :1], sigma, observed=data, dims=("time", "observable"))
@@ -537,8 +540,17 @@ def test_logp_and_gradient_share_one_solver_pass(fhn_ode, rng):
     assert np.isclose(weights.sum(), 1.0)
 
 
-def test_nutpie_posterior_matches_exact_likelihood(fhn_ode, fhn_fit_data, fhn_exact_posterior):
+@pytest.mark.parametrize("likelihood", ["fenrir", "fenrir-defaults"])
+def test_nutpie_posterior_matches_exact_likelihood(fhn_ode, fhn_fit_data, fhn_exact_posterior, likelihood):
     # nutpie compiles the model through PyTensor's numba backend (the Op's numba implementation)
     times, data = fhn_fit_data
-    idata = _sample_fenrir_posterior(_fhn_model(fhn_ode, times, data), nuts_sampler="nutpie")
+    idata = _sample_fenrir_posterior(_fhn_model(fhn_ode, times, data, likelihood), nuts_sampler="nutpie")
     _check_posterior(idata, fhn_exact_posterior)
+
+
+def test_default_fenrir_posterior_matches_exact_likelihood_with_multiprocess_chains(fhn_ode, fhn_fit_data,
+                                                                                   fhn_exact_posterior):
+    times, data = fhn_fit_data
+    idata = _sample_fenrir_posterior(_fhn_model(fhn_ode, times, data, "fenrir-defaults"), cores=2)
+    _check_posterior(idata, fhn_exact_posterior)
+    assert int(idata.sample_stats["diverging"].sum()) == 0

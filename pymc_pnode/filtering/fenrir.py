@@ -40,23 +40,33 @@ from pymc_pnode.filtering.linalg import (
     tria_cols_inplace,
 )
 from pymc_pnode.filtering.odefilter import (
+    DIFFUSION_FIXED,
+    DIFFUSION_GLOBAL,
+    DIFFUSION_LOCAL,
+    STATUS_DIVERGED,
+    STATUS_NONFINITE,
+    STATUS_SUCCESS,
     apply_transition,
     fill_root_transition_t,
     fixed_step_failed,
+    grow_rows,
+    initial_step_size,
+    local_defect_covariance,
+    local_error,
+    local_error_work,
+    next_step,
     preconditioner,
     predict_root,
+    propose_step,
+    rejected_step_factor,
     transition_coefficients,
     update_sqrt,
 )
 
 _LOG_2PI = math.log(2.0 * math.pi)
-
-
-@nb.njit(**JIT)
-def _predict_sqrt(a, tvec, sqrt_kappa, rq, q, d, mu, r, mu_out, r_out, mt):
-    """``μ⁻ = A μ`` and the upper-triangular root of ``A Σ Aᵀ + κ Q`` (``mt``: ``(D + 1, 2D)`` work)."""
-    apply_transition(a, q, d, mu, mu_out)
-    predict_root(r, a, tvec, sqrt_kappa, rq, q, d, mt, r_out)
+# Smallest calibrated diffusion: a field the prior solves exactly (ẑ = 0) would otherwise give κ̂ = 0
+# and singular predicted covariances in the backward kernels.
+KAPPA_FLOOR = 1e-150
 
 
 @nb.njit(**JIT)
@@ -159,6 +169,49 @@ def _noise_inner(x, rq, tvec, q, d):
 
 
 @nb.njit(**JIT)
+def _local_kappa_adjoint(kbar, rq, tvec, lin, zhat, q, d, work, zbar, jbar):
+    """Adjoint of the local diffusion ``κ = ẑᵀ C⁻¹ ẑ / d``, ``C = H Q(h) Hᵀ``, ``H = E1 − L E0``.
+
+    With ``β = C⁻¹ ẑ``: ``ẑ̄ = 2 κ̄ β / d`` and, through ``C̄ = −κ̄ ββᵀ / d`` and ``H̄ = 2 C̄ H Q``,
+    ``L̄ = (2 κ̄ / d) β βᵀ (Hᵀ… )`` restricted to the ``E0`` columns. Writes ``zbar`` (d) and ``jbar``
+    (d, d); ``work`` is a :class:`~pymc_pnode.filtering.odefilter.LocalErrorWork`.
+    """
+    local_defect_covariance(rq, tvec, lin, q, d, work.hqh_root, work.hqh)
+    chol = work.chol
+    for i in range(d):
+        for j in range(d):
+            chol[i, j] = work.hqh[i, j]
+    beta = work.tmp
+    if not cholesky_inplace(chol, d):
+        zbar[:] = 0.0
+        jbar[:, :] = 0.0
+        return
+    for i in range(d):  # β = L⁻ᵀ L⁻¹ ẑ
+        v = zhat[i]
+        for k in range(i):
+            v -= chol[i, k] * beta[k]
+        beta[i] = v / chol[i, i]
+    for i in range(d - 1, -1, -1):
+        v = beta[i]
+        for k in range(i + 1, d):
+            v -= chol[k, i] * beta[k]
+        beta[i] = v / chol[i, i]
+    scale = 2.0 * kbar / d
+    for k in range(d):
+        zbar[k] = scale * beta[k]
+    # (Hᵀ-root)ᵀ M restricted to E0: u[l, a] = Σ_i B[(i, a), l] rq[i, 0] T_0, with B = M Hᵀ.
+    for a in range(d):
+        s = 0.0
+        for l in range(d):
+            u = 0.0
+            for i in range(q + 1):
+                u += work.hqh_root[i * d + a, l] * rq[i, 0]
+            s += beta[l] * u * tvec[0]
+        for k in range(d):
+            jbar[k, a] = scale * beta[k] * s
+
+
+@nb.njit(**JIT)
 def _spd_inverse(s, n, inv, work):
     """``inv[:n, :n] = s[:n, :n]⁻¹`` by Cholesky; False if not positive definite."""
     for i in range(n):
@@ -182,8 +235,11 @@ def _spd_inverse(s, n, inv, work):
 
 
 @nb.njit(**JIT)
-def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hbar, rbar, sdiag, wk, wm, wv):
-    """Adjoint of ``μ⁺ = μ⁻ − K r``, ``Σ⁺ = Σ⁻ − K S Kᵀ`` and ``w · log N(r; 0, S)``.
+def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, wq, wl, mbar, sbar, want_h, hbar, rbar, sdiag, wk, wm, wv):
+    """Adjoint of ``μ⁺ = μ⁻ − K r``, ``Σ⁺ = Σ⁻ − K S Kᵀ`` and ``−½ (wq rᵀS⁻¹r + wl log|S|)``.
+
+    ``wq = wl = w`` is the adjoint of ``w · log N(r; 0, S)`` (up to a constant); ``wq = −2c, wl = 0``
+    that of ``c · rᵀS⁻¹r``, the calibration statistic.
 
     ``S = H Σ⁻ Hᵀ + diag(nv)``, ``K = Σ⁻ Hᵀ S⁻¹``, residual ``r = H μ⁻ + c``. On entry ``mbar``,
     ``sbar`` (symmetric) hold the adjoints of ``μ⁺, Σ⁺``; on exit those of ``μ⁻, Σ⁻``. Outputs:
@@ -244,7 +300,7 @@ def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hb
             s = 0.0
             for a_ in range(dd):
                 s += kg[a_, i] * t1[a_, j]
-            mmat[i, j] = 0.5 * w * (alpha[i] * alpha[j] - sinv[i, j]) + s
+            mmat[i, j] = 0.5 * (wq * alpha[i] * alpha[j] - wl * sinv[i, j]) + s
     for i in range(mo):
         sdiag[i] = mmat[i, i] + rbar[i] * alpha[i]
     # B^T μ̄⁺ = μ̄⁺ − Hᵀ km
@@ -254,7 +310,7 @@ def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hb
             s -= hm[i, b] * rbar[i]
         bm[b] = s
     if want_h:
-        # H̄ = −2 (Σ̄⁺K)ᵀ Σ⁺ − α (Σ⁺ μ̄⁺)ᵀ + w (ααᵀ − S⁻¹) Uᵀ + km (K r)ᵀ + r̄ μ⁻ᵀ, r̄ = −w α − km
+        # H̄ = −2 (Σ̄⁺K)ᵀ Σ⁺ − α (Σ⁺ μ̄⁺)ᵀ + (wq ααᵀ − wl S⁻¹) Uᵀ + km (K r)ᵀ + r̄ μ⁻ᵀ, r̄ = −wq α − km
         for a_ in range(dd):
             s = 0.0
             for i in range(mo):
@@ -266,15 +322,15 @@ def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hb
                 s += spost[b, c] * mbar[c]
             work_b = s
             for i in range(mo):
-                acc = -alpha[i] * work_b + rbar[i] * kr[b] + (-w * alpha[i] - rbar[i]) * mu_pred[b]
+                acc = -alpha[i] * work_b + rbar[i] * kr[b] + (-wq * alpha[i] - rbar[i]) * mu_pred[b]
                 s2 = 0.0
                 for c in range(dd):
                     s2 += t1[c, i] * spost[c, b]
                 acc -= 2.0 * s2
                 s3 = 0.0
                 for j in range(mo):
-                    s3 += (alpha[i] * alpha[j] - sinv[i, j]) * u[b, j]
-                acc += w * s3
+                    s3 += (wq * alpha[i] * alpha[j] - wl * sinv[i, j]) * u[b, j]
+                acc += s3
                 hbar[i, b] = acc
     # Σ̄⁻ = Σ̄⁺ − T1 H − Hᵀ T1ᵀ + Hᵀ M H − ½ (bm vᵀ + v bmᵀ)   (in place, symmetric)
     for b in range(dd):
@@ -291,9 +347,9 @@ def _update_adjoint(sp, spost, hm, mo, nv, r, mu_pred, w, mbar, sbar, want_h, hb
             sbar[a_, b] = s
             sbar[b, a_] = s
     for b in range(dd):
-        mbar[b] = bm[b] - w * v[b]
+        mbar[b] = bm[b] - wq * v[b]
     for i in range(mo):
-        rbar[i] = -w * alpha[i] - rbar[i]
+        rbar[i] = -wq * alpha[i] - rbar[i]
     return True
 
 
@@ -428,7 +484,8 @@ _FENRIR_SIG = (
     VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, MAT_FN, TEN2_FN,
     nb.float64[::1], nb.float64[::1], nb.float64[:, ::1], nb.boolean,
     nb.float64, nb.float64[::1], nb.int64[::1], nb.float64[:, ::1], nb.float64[:, ::1],
-    nb.float64[::1], nb.int64[::1], nb.int64, nb.boolean, nb.float64[::1],
+    nb.float64[::1], nb.int64[::1], nb.int64, nb.boolean, nb.float64[::1], nb.int64, nb.boolean, nb.float64,
+    nb.float64, nb.int64,
 )
 
 
@@ -444,26 +501,47 @@ def fenrir_kernel(q: int, d: int):
 
     def fenrir_terms(
         rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac,
-        y0, theta, rq, ek1, kappa, grid, obs_at, data, cmat, sigma, sigma_dir, n_sigma, want_grad, cotangent,
+        y0, theta, rq, ek1, kappa, stops, stop_obs, data, cmat, sigma, sigma_dir, n_sigma, want_grad, cotangent,
+        diffusion_mode, adaptive, rtol, atol, max_steps,
     ):
         """Per-observation Fenrir log-likelihood terms and, optionally, a vector–Jacobian product.
 
-        ``obs_at[n]`` is the data row observed at ``grid[n]`` (or -1); ``data`` rows may contain NaN
+        The solver steps from ``stops[0]`` through every entry of ``stops``; ``stop_obs[j]`` is the
+        data row observed at ``stops[j]`` (or -1). Without ``adaptive`` the stops are the grid. With
+        ``adaptive`` the steps in between are chosen by the local error estimate and the PI
+        controller of :func:`~pymc_pnode.filtering.odefilter.run_filter` at ``rtol``/``atol`` (at
+        most ``max_steps`` accepted steps); the gradient is that of the computation on the chosen
+        grid. ``data`` rows may contain NaN
         (missing components are skipped); the observation is ``data[i] = cmat @ y(t_i) + noise`` with
         independent noise of standard deviation ``sigma[c]`` per component ``c``, which is parameter
         ``sigma_dir[c]`` of ``n_sigma``. With ``want_grad`` the gradient of ``cotangent · terms`` with
         respect to ``(y0, θ, noise scales, κ)`` is returned (reverse mode).
 
-        Returns ``(terms, grad, ok)``; ``ok`` is False when the solve produced non-finite values or a
-        step failed :func:`~pymc_pnode.filtering.odefilter.fixed_step_failed`.
+        ``diffusion_mode`` (``odefilter.DIFFUSION_*``): ``FIXED`` uses the argument ``κ``. ``GLOBAL``
+        ignores it: the filter runs at unit diffusion, ``κ̂ = Σ_n ẑ_nᵀ S_n⁻¹ ẑ_n / (N d)`` (the global
+        quasi-MLE of Tronarp et al., 2019, Prop. 4; Bosch et al., 2021, eq. 16) rescales its
+        covariances, and the gradient includes the path through ``κ̂`` (a second adjoint sweep of the
+        ODE filter with cotangent ``∂L/∂κ · ∂κ̂/∂stat``). ``LOCAL`` ignores it too: each step uses
+        its local quasi-MLE ``κ_n = ẑ_nᵀ (H_n Q(h_n) H_nᵀ)⁻¹ ẑ_n / d`` (Schober et al., 2019; Bosch
+        et al., 2021, eq. 21), differentiated through in the same adjoint sweep. In both calibrated
+        modes the κ entry of the gradient is zero.
+
+        Every step's scaled local error estimate (:func:`~pymc_pnode.filtering.odefilter.local_error`
+        at ``rtol``, ``atol``) is computed; its maximum over the grid is reported.
+
+        Returns ``(terms, grad, ok, info, grid)`` with the solver grid and ``info = [largest scaled local error of an accepted
+        step, κ used, accepted steps, rejected steps, status]`` (status codes of ``odefilter``);
+        ``ok`` is False when the solve failed: non-finite values, a fixed step that fails
+        :func:`~pymc_pnode.filtering.odefilter.fixed_step_failed`, ``max_steps`` reached or a
+        collapsing step.
         """
         k = theta.shape[0]
         dd = (q + 1) * d
-        n_pts = grid.shape[0]
         n_obs, m = data.shape
         n_dir = d + k + n_sigma + 1
         terms = np.zeros(n_obs)
         grad = np.zeros(n_dir)
+        info = np.zeros(5)
         mmax = max(m, d)
         n_seen = np.zeros(n_obs, dtype=np.int64)
         idx_all = np.zeros((n_obs, m), dtype=np.int64)
@@ -474,62 +552,138 @@ def fenrir_kernel(q: int, d: int):
                     n_seen[i] += 1
 
         # ---------------------------------------------------------------- forward ODE filter
-        mu_pa = np.empty((n_pts, dd))  # predicted
-        r_pa = np.empty((n_pts, dd, dd))  # every slot written before use (index 0 unused)
-        mu_fa = np.empty((n_pts, dd))  # filtered
-        r_fa = np.empty((n_pts, dd, dd))
+        # Steps land on every stop; with error control the steps in between are chosen by the local
+        # error estimate and the PI controller of pn.solve (rejected steps cost no QR).
+        n_stops = stops.shape[0]
+        cap = n_stops if not adaptive else max(64, 2 * n_stops)
+        grid = np.empty(cap)
+        obs_at = np.empty(cap, dtype=np.int64)
+        mu_pa = np.empty((cap, dd))  # predicted
+        r_pa = np.empty((cap, dd, dd))  # every slot written before use (index 0 unused)
+        mu_fa = np.empty((cap, dd))  # filtered
+        r_fa = np.empty((cap, dd, dd))
         r_fa[0] = 0.0  # exact initialisation: Σ₀ = 0
-        lin = np.zeros((n_pts, d, d))  # linearisation L (J for EK1, 0 for EK0)
-        za = np.empty((n_pts, d))
+        lin = np.zeros((cap, d, d))  # linearisation L (J for EK1, 0 for EK0)
+        za = np.empty((cap, d))
+        # transition and preconditioner coefficients of the step ending at grid[n], for all four sweeps
+        a_all = np.empty((cap, q + 1))
+        t_all = np.empty((cap, q + 1))
+        kap_all = np.empty(cap)  # the diffusion of the step ending at grid[n]
+        grid[0] = stops[0]
+        obs_at[0] = stop_obs[0]
         coeffs = np.empty((q + 1, d))
-        taylor(y0, grid[0], theta, coeffs)
+        taylor(y0, stops[0], theta, coeffs)
         for i in range(q + 1):
             for c in range(d):
                 mu_fa[0, i * d + c] = coeffs[i, c]
         if not all_finite(mu_fa[0]):
-            return terms, grad, False
-        # transition and preconditioner coefficients of the step ending at grid[n], for all four sweeps
-        a_all = np.empty((n_pts, q + 1))
-        t_all = np.empty((n_pts, q + 1))
+            return terms, grad, False, info, grid[:1]
         m_pred = np.empty((dd + 1, 2 * dd))
         m_upd = np.empty((d + dd + 1, dd))
         wvec = np.empty(max(d, m))
         fx = np.empty(d)
         jac = np.zeros((d, d))
         xi = np.empty(d)
-        sqrt_kappa = math.sqrt(kappa)
-        for n in range(1, n_pts):
-            h = grid[n] - grid[n - 1]
-            t = grid[n]
-            a = a_all[n]
-            tvec = t_all[n]
-            if n > 1 and h == grid[n - 1] - grid[n - 2]:  # equal steps: skip the powers and factorials
-                a[:] = a_all[n - 1]
-                tvec[:] = t_all[n - 1]
+        calibrate = diffusion_mode == DIFFUSION_GLOBAL
+        local = diffusion_mode == DIFFUSION_LOCAL
+        if diffusion_mode != DIFFUSION_FIXED:
+            kappa = 1.0
+        stat_sum = 0.0
+        err_work = local_error_work(q, d)
+        max_err = 0.0
+        n_rej = 0
+        h = math.inf
+        err_prev = 1e-4
+        if adaptive:
+            h = min(initial_step_size(rhs, y0, stops[0], theta, rtol, atol), stops[n_stops - 1] - stops[0])
+        t = stops[0]
+        next_stop = 1
+        n = 0  # accepted steps; the state at grid[n] is the last one
+        while next_stop < n_stops:
+            h_try, hit_stop, status = propose_step(t, h, stops[next_stop], n, max_steps)
+            if status != STATUS_SUCCESS:
+                info[4] = status
+                return terms, grad, False, info, grid[:1]
+            t_new = stops[next_stop] if hit_stop else t + h_try
+            if n + 1 >= cap:
+                cap *= 2
+                grid, obs_at = grow_rows(grid, cap), grow_rows(obs_at, cap)
+                mu_pa, r_pa, mu_fa, r_fa = grow_rows(mu_pa, cap), grow_rows(r_pa, cap), grow_rows(mu_fa, cap), \
+                    grow_rows(r_fa, cap)
+                lin, za, a_all, t_all = grow_rows(lin, cap), grow_rows(za, cap), grow_rows(a_all, cap), \
+                    grow_rows(t_all, cap)
+                kap_all = grow_rows(kap_all, cap)
+            p = n + 1  # the slot of the step's results
+            a = a_all[p]
+            tvec = t_all[p]
+            if n > 0 and h_try == grid[n] - grid[n - 1]:  # equal steps: skip the powers and factorials
+                a[:] = a_all[n]
+                tvec[:] = t_all[n]
             else:
-                transition_coefficients(h, q, a)
-                preconditioner(h, q, tvec)
-            _predict_sqrt(a, tvec, sqrt_kappa, rq, q, d, mu_fa[n - 1], r_fa[n - 1], mu_pa[n], r_pa[n], m_pred)
+                transition_coefficients(h_try, q, a)
+                preconditioner(h_try, q, tvec)
+            apply_transition(a, q, d, mu_fa[n], mu_pa[p])
             for c in range(d):
-                xi[c] = mu_pa[n, c]
-            rhs(xi, t, theta, fx)
+                xi[c] = mu_pa[p, c]
+            rhs(xi, t_new, theta, fx)
             if ek1:
-                jac_y(xi, t, theta, jac)
-                for r_ in range(d):
-                    for c in range(d):
-                        lin[n, r_, c] = jac[r_, c]
+                jac_y(xi, t_new, theta, jac)
+            for r_ in range(d):  # grown rows are uninitialised: write the zeros of EK0 too
+                for c in range(d):
+                    lin[p, r_, c] = jac[r_, c]
             for c in range(d):
-                za[n, c] = mu_pa[n, d + c] - fx[c]
-            update_sqrt(r_pa[n], mu_pa[n], lin[n], za[n], q, d, m_upd, wvec, mu_fa[n], r_fa[n])
-            if not (all_finite(mu_fa[n]) and all_finite(r_fa[n])):
-                return terms, grad, False
-            # A fixed step that no longer approximates the solution (past a blow-up, outside the
-            # stability region) makes the likelihood -inf instead of a finite wrong number.
-            for c in range(d):
-                xi[c] = mu_fa[n, c]
-            rhs(xi, t, theta, fx)
-            if fixed_step_failed(h, mu_fa[n - 1], mu_pa[n], mu_fa[n], fx, d):
-                return terms, grad, False
+                za[p, c] = mu_pa[p, d + c] - fx[c]
+            err, local_kappa = local_error(rq, tvec, lin[p], za[p], h_try, mu_fa[n], mu_pa[p], rtol, atol, q, d,
+                                           err_work)
+            if adaptive:
+                if not (err <= 1.0):
+                    n_rej += 1
+                    h = h_try * rejected_step_factor(err, q)
+                    continue
+                h, err_prev = next_step(h_try, h, err, err_prev, hit_stop, q)
+            max_err = max(max_err, err)
+            kap_all[p] = kappa
+            if local:
+                kap_all[p] = local_kappa if math.isfinite(local_kappa) and local_kappa > KAPPA_FLOOR else KAPPA_FLOOR
+            predict_root(r_fa[n], a, tvec, math.sqrt(kap_all[p]), rq, q, d, m_pred, r_pa[p])
+            stat_sum += update_sqrt(r_pa[p], mu_pa[p], lin[p], za[p], q, d, m_upd, wvec, mu_fa[p], r_fa[p])
+            if not (all_finite(mu_fa[p]) and all_finite(r_fa[p])):
+                info[4] = STATUS_NONFINITE
+                return terms, grad, False, info, grid[:1]
+            if not adaptive:
+                # A fixed step that no longer approximates the solution (past a blow-up, outside the
+                # stability region) makes the likelihood -inf instead of a finite wrong number.
+                for c in range(d):
+                    xi[c] = mu_fa[p, c]
+                rhs(xi, t_new, theta, fx)
+                if fixed_step_failed(h_try, mu_fa[n], mu_pa[p], mu_fa[p], fx, d):
+                    info[4] = STATUS_DIVERGED
+                    return terms, grad, False, info, grid[:1]
+            n = p
+            t = t_new
+            grid[n] = t_new
+            obs_at[n] = -1
+            if hit_stop:
+                obs_at[n] = stop_obs[next_stop]
+                next_stop += 1
+        n_pts = n + 1
+        info[2] = n
+        info[3] = n_rej
+        info[0] = max_err
+        if calibrate:
+            # Covariances of a filter with Σ₀ = 0 scale with κ and its means do not: rescale post hoc.
+            kappa = stat_sum / ((n_pts - 1) * d) if n_pts > 1 else 1.0
+            if not math.isfinite(kappa):
+                return terms, grad, False, info, grid[:1]
+            kappa = max(kappa, KAPPA_FLOOR)
+            sqrt_kappa = math.sqrt(kappa)
+            for n in range(1, n_pts):
+                kap_all[n] = kappa
+                for r_ in range(dd):
+                    for c in range(dd):
+                        r_pa[n, r_, c] *= sqrt_kappa
+                        r_fa[n, r_, c] *= sqrt_kappa
+        info[1] = kappa
 
         # ---------------------------------------------------------------- backward Kalman filter on data
         n_store = n_pts if want_grad else 1
@@ -566,23 +720,25 @@ def fenrir_kernel(q: int, d: int):
                 break
             a = a_all[n]
             tvec = t_all[n]
-            _backward_step(mu_fa[n - 1], r_fa[n - 1], mu_pa[n], r_pa[n], a, tvec, sqrt_kappa, rq, q, d, mean, root,
+            _backward_step(mu_fa[n - 1], r_fa[n - 1], mu_pa[n], r_pa[n], a, tvec, math.sqrt(kap_all[n]), rq, q, d,
+                           mean, root,
                            g, work_w, work_gt, work_blk, stack, mean2)
             if want_grad:
                 gs[n] = g
             mean[:] = mean2
             if not (all_finite(mean) and all_finite(root)):
-                return terms, grad, False
+                return terms, grad, False, info, grid[:1]
         for i in range(n_obs):
             if not math.isfinite(terms[i]):
-                return terms, grad, False
+                return terms, grad, False, info, grid[:1]
         if not want_grad:
-            return terms, grad, True
+            return terms, grad, True, info, grid[:n_pts]
 
         # ---------------------------------------------------------------- reverse sweep, part 1:
         # adjoint of the backward Kalman filter (forward in time); deposits on the ODE filter's (μ_n, Σ_n).
         sig_off = d + k
         kdir = n_dir - 1
+        kbar_step = np.zeros(n_pts)  # part 1's adjoint of each step's diffusion
         inj_mu = np.zeros((n_pts, dd))
         inj_sig = np.zeros((n_pts, dd, dd))
         mbar = np.zeros(dd)
@@ -619,9 +775,10 @@ def fenrir_kernel(q: int, d: int):
                     for c in range(d):
                         v += cmat[c_obs, c] * m_pre[n, c]
                     rvec[r_] = v
-                if not _update_adjoint(sig_pred, sig_next, hm, mo, nv, rvec, m_pre[n], cotangent[i], mbar, sbar,
+                if not _update_adjoint(sig_pred, sig_next, hm, mo, nv, rvec, m_pre[n], cotangent[i], cotangent[i],
+                                       mbar, sbar,
                                        False, hbar, rbar, sdiag, wk, wm, wv):
-                    return terms, grad, False
+                    return terms, grad, False, info, grid[:1]
                 for r_ in range(mo):
                     c_obs = idx_all[i, r_]
                     grad[sig_off + sigma_dir[c_obs]] += 2.0 * sigma[c_obs] * sdiag[r_]
@@ -638,12 +795,14 @@ def fenrir_kernel(q: int, d: int):
             matmul_tn(r_post[n + 1], r_post[n + 1], sig_next)
             _rts_adjoint(gs[n + 1], r_pa[n + 1], sig_pa[n + 1], mu_pa[n + 1], m_post[n + 1], sig_next, a, q, d, mbar,
                          sbar, inj_mu[n], inj_sig[n], gbar, ymat, work, pg, tmp_a, tmp_b)
-            grad[kdir] += _noise_inner(work, rq, tvec, q, d)
+            kbar_step[n + 1] = _noise_inner(work, rq, tvec, q, d)
+            grad[kdir] += kbar_step[n + 1]
 
         # ---------------------------------------------------------------- reverse sweep, part 2:
-        # adjoint of the ODE filter (backward in time).
-        mbar_a = inj_mu[n_pts - 1].copy()
-        sbar_a = inj_sig[n_pts - 1].copy()
+        # adjoint of the ODE filter (backward in time). With global calibration a second sweep carries
+        # the path through κ̂ = κ̂₀ Σ ẑᵀS_κ̂₀⁻¹ẑ / (N d): cotangent ∂L/∂κ · κ̂₀ / (N d) on every ẑᵀS⁻¹ẑ.
+        # With local calibration each step's κ_n(ẑ_n, L_n) is differentiated where its adjoint is
+        # complete: part 1's share plus ⟨Σ̄⁻_n, Q_n⟩ after the update's adjoint.
         sig_post = np.empty((dd, dd))
         cbar = np.empty(d)
         lbar = np.empty((d, d))
@@ -652,83 +811,106 @@ def fenrir_kernel(q: int, d: int):
         hyy = np.zeros((d, d, d))
         hyp = np.zeros((d, d, k))
         jtrue = np.zeros((d, d))
-        for c in range(d):
-            nv[c] = 0.0
-        for n in range(n_pts - 1, 0, -1):
-            t = grid[n]
-            for c in range(d):
-                xi[c] = mu_pa[n, c]
-            hm[:, :] = 0.0
-            for r_ in range(d):
-                hm[r_, d + r_] = 1.0
-                for c in range(d):
-                    hm[r_, c] = -lin[n, r_, c]
-            if ek1:
-                matmul_tn(r_fa[n], r_fa[n], sig_post)
-            if not _update_adjoint(sig_pa[n], sig_post, hm, d, nv, za[n], mu_pa[n], 0.0, mbar_a, sbar_a, ek1,
-                                   hbar, rbar, sdiag, wk, wm, wv):
-                return terms, grad, False
-            # Linearisation: H = E1 − L E0 and c = −f(ξ) + L ξ, with ξ = E0 μ⁻.
-            for c in range(d):
-                cbar[c] = rbar[c]
-            jac_p(xi, t, theta, jp)
-            for j in range(k):
-                s = 0.0
-                for c in range(d):
-                    s -= jp[c, j] * cbar[c]
-                grad[d + j] += s
-            if ek1:
-                hess_yy(xi, t, theta, hyy)
-                hess_yp(xi, t, theta, hyp)
-                for r_ in range(d):
-                    for c in range(d):
-                        lbar[r_, c] = -hbar[r_, c] + cbar[r_] * xi[c]
-                for e in range(d):
-                    s = 0.0
-                    for r_ in range(d):
-                        for c in range(d):
-                            s += lbar[r_, c] * hyy[r_, c, e]
-                    xbar[e] = s
-                for j in range(k):
-                    s = 0.0
-                    for r_ in range(d):
-                        for c in range(d):
-                            s += lbar[r_, c] * hyp[r_, c, j]
-                    grad[d + j] += s
-            else:
-                jac_y(xi, t, theta, jtrue)
-                for e in range(d):
-                    s = 0.0
-                    for c in range(d):
-                        s -= jtrue[c, e] * cbar[c]
-                    xbar[e] = s
-            for e in range(d):
-                mbar_a[e] += xbar[e]
-            # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of part 1 on (μ, Σ)_{n−1}.
-            a = a_all[n]
-            tvec = t_all[n]
-            grad[kdir] += _noise_inner(sbar_a, rq, tvec, q, d)
-            _at_v(a, q, d, mbar_a, tmp_a)
-            _at_x_a(a, q, d, sbar_a, work, sig_pred)
-            for r_ in range(dd):
-                mbar_a[r_] = tmp_a[r_] + inj_mu[n - 1, r_]
-                for c in range(dd):
-                    sbar_a[r_, c] = sig_pred[r_, c] + inj_sig[n - 1, r_, c]
-
-        # Initial state: μ₀ = Taylor coefficients of (y0, θ), Σ₀ = 0.
+        zbar = np.zeros(d)
+        jbar = np.zeros((d, d))
         ty = np.empty((q + 1, d, d))
         tp = np.empty((q + 1, d, k))
-        taylor_jac(y0, grid[0], theta, ty, tp)
-        for i in range(q + 1):
-            for c in range(d):
-                mb = mbar_a[i * d + c]
-                for j in range(d):
-                    grad[j] += mb * ty[i, c, j]
+        for c in range(d):
+            nv[c] = 0.0
+        w_stat = 0.0
+        for sweep in range(2 if calibrate and n_pts > 1 and kappa > KAPPA_FLOOR else 1):
+            if sweep == 0:
+                mbar_a = inj_mu[n_pts - 1].copy()
+                sbar_a = inj_sig[n_pts - 1].copy()
+            else:
+                w_stat = -2.0 * grad[kdir] * kappa / ((n_pts - 1) * d)
+                mbar_a = np.zeros(dd)
+                sbar_a = np.zeros((dd, dd))
+            for n in range(n_pts - 1, 0, -1):
+                t = grid[n]
+                for c in range(d):
+                    xi[c] = mu_pa[n, c]
+                hm[:, :] = 0.0
+                for r_ in range(d):
+                    hm[r_, d + r_] = 1.0
+                    for c in range(d):
+                        hm[r_, c] = -lin[n, r_, c]
+                if ek1:
+                    matmul_tn(r_fa[n], r_fa[n], sig_post)
+                if not _update_adjoint(sig_pa[n], sig_post, hm, d, nv, za[n], mu_pa[n], w_stat, 0.0, mbar_a,
+                                       sbar_a, ek1, hbar, rbar, sdiag, wk, wm, wv):
+                    return terms, grad, False, info, grid[:1]
+                a = a_all[n]
+                tvec = t_all[n]
+                kbar_n = _noise_inner(sbar_a, rq, tvec, q, d) if sweep == 0 else 0.0
+                if local and kap_all[n] > KAPPA_FLOOR:
+                    # κ_n = ẑᵀ(H Q Hᵀ)⁻¹ẑ / d with ẑ = E1 μ⁻ − f(ξ): ẑ̄ and L̄ join the linearisation's.
+                    _local_kappa_adjoint(kbar_step[n] + kbar_n, rq, tvec, lin[n], za[n], q, d, err_work, zbar, jbar)
+                else:
+                    grad[kdir] += kbar_n
+                    zbar[:] = 0.0
+                    jbar[:, :] = 0.0
+                # Linearisation: H = E1 − L E0 and c = −f(ξ) + L ξ, with ξ = E0 μ⁻.
+                for c in range(d):
+                    cbar[c] = rbar[c]
+                    mbar_a[d + c] += zbar[c]
+                jac_p(xi, t, theta, jp)
                 for j in range(k):
-                    grad[d + j] += mb * tp[i, c, j]
+                    s = 0.0
+                    for c in range(d):
+                        s -= jp[c, j] * (cbar[c] + zbar[c])
+                    grad[d + j] += s
+                if ek1:
+                    hess_yy(xi, t, theta, hyy)
+                    hess_yp(xi, t, theta, hyp)
+                    for r_ in range(d):
+                        for c in range(d):
+                            lbar[r_, c] = -hbar[r_, c] + cbar[r_] * xi[c] + jbar[r_, c]
+                    for e in range(d):
+                        s = 0.0
+                        for r_ in range(d):
+                            s -= lin[n, r_, e] * zbar[r_]
+                            for c in range(d):
+                                s += lbar[r_, c] * hyy[r_, c, e]
+                        xbar[e] = s
+                    for j in range(k):
+                        s = 0.0
+                        for r_ in range(d):
+                            for c in range(d):
+                                s += lbar[r_, c] * hyp[r_, c, j]
+                        grad[d + j] += s
+                else:
+                    jac_y(xi, t, theta, jtrue)
+                    for e in range(d):
+                        s = 0.0
+                        for c in range(d):
+                            s -= jtrue[c, e] * (cbar[c] + zbar[c])
+                        xbar[e] = s
+                for e in range(d):
+                    mbar_a[e] += xbar[e]
+                # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of part 1 on (μ, Σ)_{n−1}.
+                _at_v(a, q, d, mbar_a, tmp_a)
+                _at_x_a(a, q, d, sbar_a, work, sig_pred)
+                inject = 1.0 if sweep == 0 else 0.0
+                for r_ in range(dd):
+                    mbar_a[r_] = tmp_a[r_] + inject * inj_mu[n - 1, r_]
+                    for c in range(dd):
+                        sbar_a[r_, c] = sig_pred[r_, c] + inject * inj_sig[n - 1, r_, c]
+
+            # Initial state: μ₀ = Taylor coefficients of (y0, θ), Σ₀ = 0.
+            taylor_jac(y0, grid[0], theta, ty, tp)
+            for i in range(q + 1):
+                for c in range(d):
+                    mb = mbar_a[i * d + c]
+                    for j in range(d):
+                        grad[j] += mb * ty[i, c, j]
+                    for j in range(k):
+                        grad[d + j] += mb * tp[i, c, j]
+        if diffusion_mode != DIFFUSION_FIXED:
+            grad[kdir] = 0.0  # the calibrated diffusion replaces the κ argument
         if not all_finite(grad):
-            return terms, grad, False
-        return terms, grad, True
+            return terms, grad, False, info, grid[:1]
+        return terms, grad, True, info, grid[:n_pts]
 
     with slp_vectorization():  # compiles now (explicit signature), or loads from the disk cache
         return nb.njit(_FENRIR_SIG, **JIT)(fenrir_terms)

@@ -8,6 +8,7 @@ right square roots ``Σ = R^T R`` (notes 002 §1.2, §3.4).
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numba as nb
 import numpy as np
@@ -161,6 +162,108 @@ def quadratic_form_inverse(c: np.ndarray, z: np.ndarray, d: int, work: np.ndarra
     return s
 
 
+LocalErrorWork = namedtuple("LocalErrorWork", ["hqh_root", "hqh", "chol", "tmp"])
+
+
+@nb.njit(**JIT)
+def local_error_work(q: int, d: int) -> LocalErrorWork:
+    """Work arrays of :func:`local_error` for IWP order ``q`` and ``d`` states."""
+    return LocalErrorWork(np.empty(((q + 1) * d, d)), np.empty((d, d)), np.empty((d, d)), np.empty(d))
+
+
+@nb.njit(**JIT)
+def local_error(
+    rq: np.ndarray, tvec: np.ndarray, jac: np.ndarray, zhat: np.ndarray, h: float, y_prev: np.ndarray,
+    y_new: np.ndarray, rtol: float, atol: float, q: int, d: int, work: LocalErrorWork,
+) -> tuple[float, float]:
+    """Scaled local error estimate of one ODE-filter step and the local diffusion estimate.
+
+    The local diffusion is the quasi-MLE ``σ̂² = ẑᵀ (H Q(h) Hᵀ)⁻¹ ẑ / d`` under an error-free previous
+    step (Schober et al., 2019; Bosch, Hennig & Tronarp, 2021, eq. 21). The error estimate is the
+    standard deviation of the defect, ``e = h σ̂ diag(H Q(h) Hᵀ)^{1/2}`` (Bosch et al., 2021, eq. 27;
+    the factor ``h`` as in ProbNumDiffEq.jl), measured in the mixed norm of Hairer, Nørsett & Wanner
+    (1993, §II.4): ``E = ‖e / (atol + rtol max(|y_prev|, |y_new|))‖_rms``. A step with ``E ≤ 1`` meets
+    the tolerances. Returns ``(E, σ̂²)``; both are ``inf`` when ``H Q Hᵀ`` is singular.
+    """
+    local_defect_covariance(rq, tvec, jac, q, d, work.hqh_root, work.hqh)
+    local_kappa = quadratic_form_inverse(work.hqh, zhat, d, work.chol, work.tmp) / d
+    if not math.isfinite(local_kappa):
+        return math.inf, math.inf
+    acc = 0.0
+    for k in range(d):
+        e = h * math.sqrt(max(local_kappa * work.hqh[k, k], 0.0))
+        sc = atol + rtol * max(abs(y_prev[k]), abs(y_new[k]))
+        acc += (e / sc) ** 2
+    return math.sqrt(acc / d), local_kappa
+
+
+@nb.njit(**JIT)
+def propose_step(t: float, h: float, target: float, n_steps: int, max_steps: int) -> tuple[float, bool, int]:
+    """The next trial step from ``t`` with proposal ``h``, shortened to land exactly on ``target``.
+
+    Returns ``(h_try, hit_stop, status)``; ``status`` is ``STATUS_MAX_STEPS`` after ``max_steps``
+    accepted steps and ``STATUS_STEP_TOO_SMALL`` when the step has collapsed to rounding level.
+    A fixed grid is walked with ``h = inf`` (every step lands on the next grid point).
+    """
+    hit_stop = t + h >= target - 1e-12 * max(1.0, abs(target))
+    h_try = target - t if hit_stop else h
+    if n_steps >= max_steps:
+        return h_try, hit_stop, STATUS_MAX_STEPS
+    if not (h_try > 1e-14 * max(1.0, abs(t))):
+        return h_try, hit_stop, STATUS_STEP_TOO_SMALL
+    return h_try, hit_stop, STATUS_SUCCESS
+
+
+@nb.njit(**JIT)
+def next_step(h_try: float, h: float, err: float, err_prev: float, hit_stop: bool, q: int) -> tuple[float, float]:
+    """Proposal after an accepted step of length ``h_try`` (proposal was ``h``): ``(h_next, err_prev)``.
+
+    A step shortened to land on an output time does not shrink the next proposal.
+    """
+    fac, err_prev = accepted_step_factor(err, err_prev, q)
+    h_next = h_try * fac
+    return (max(h_next, h) if hit_stop else h_next), err_prev
+
+
+@nb.njit(**JIT)
+def rejected_step_factor(err: float, q: int) -> float:
+    """Step shrink factor after a rejected step (Bosch et al., 2021, eq. 30; at most 5× shorter)."""
+    if not math.isfinite(err):
+        return 0.2
+    return max(0.2, 0.9 * err ** (-1.0 / (q + 1.0)))
+
+
+@nb.njit(**JIT)
+def accepted_step_factor(err: float, err_prev: float, q: int) -> tuple[float, float]:
+    """PI step factor after an accepted step (Gustafsson et al., 1988; β = (0.7, 0.4)/(q+1)).
+
+    Returns ``(factor, err)`` where ``err`` (floored at 1e-10) is the ``err_prev`` of the next step.
+    """
+    e_c = max(err, 1e-10)
+    fac = 0.9 * e_c ** (-0.7 / (q + 1.0)) * err_prev ** (0.4 / (q + 1.0))
+    return min(10.0, max(0.2, fac)), e_c
+
+
+@nb.njit(**JIT)
+def initial_step_size(rhs: VEC_FN, y0: np.ndarray, t0: float, p: np.ndarray, rtol: float, atol: float) -> float:
+    """Step-size guess from the scale of ``y0`` and ``f(y0)`` (Hairer, Nørsett & Wanner, 1993, §II.4)."""
+    d = y0.shape[0]
+    f0 = np.empty(d)
+    rhs(y0, t0, p, f0)
+    d0 = 0.0
+    d1 = 0.0
+    for k in range(d):
+        sc = atol + rtol * abs(y0[k])
+        d0 += (y0[k] / sc) ** 2
+        d1 += (f0[k] / sc) ** 2
+    d0 = math.sqrt(d0 / d)
+    d1 = math.sqrt(d1 / d)
+    if d0 < 1e-5 or d1 < 1e-5 or not math.isfinite(d1):
+        return 1e-6
+    return 0.01 * d0 / d1
+
+
+
 @nb.njit(**JIT)
 def fixed_step_failed(
     h: float, mu_prev: np.ndarray, mu_pred: np.ndarray, mu_post: np.ndarray, f_post: np.ndarray, d: int
@@ -272,18 +375,11 @@ def update_sqrt(
 
 
 @nb.njit(**JIT)
-def _grow(ts, mus, rs, kaps, cap):
-    new_cap = 2 * cap
-    dd = mus.shape[1]
-    ts2 = np.empty(new_cap)
-    mus2 = np.empty((new_cap, dd))
-    rs2 = np.empty((new_cap, dd, dd))
-    kaps2 = np.empty(new_cap)
-    ts2[:cap] = ts
-    mus2[:cap] = mus
-    rs2[:cap] = rs
-    kaps2[:cap] = kaps
-    return ts2, mus2, rs2, kaps2, new_cap
+def grow_rows(arr: np.ndarray, cap: int) -> np.ndarray:
+    """A copy of ``arr`` with room for ``cap`` rows (the first ``len(arr)`` rows copied)."""
+    out = np.empty((cap,) + arr.shape[1:], dtype=arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out
 
 
 # Explicit signature: the vector field arrives as a first-class function type, so this kernel is
@@ -346,10 +442,8 @@ def run_filter(
     jac = np.zeros((d, d))
     zhat = np.empty(d)
     w = np.empty(d)
-    bq = np.empty((dd, d))
-    cmat = np.empty((d, d))
-    work = np.empty((d, d))
-    tmp = np.empty(d)
+    err_work = local_error_work(q, d)
+    err = 0.0
     y_prev = np.empty(d)
     xi = np.empty(d)
     f_post = np.empty(d)
@@ -364,26 +458,13 @@ def run_filter(
     n_stops = grid.shape[0]
     h = h0
     err_prev = 1e-4
-    beta1 = 0.7 / (q + 1.0)
-    beta2 = 0.4 / (q + 1.0)
 
     while next_stop < n_stops:
-        if adaptive:
-            target = grid[next_stop]
-            h_try = h
-            hit_stop = t + h_try >= target - 1e-12 * max(1.0, abs(target))
-            if hit_stop:
-                h_try = target - t
-            if n >= max_steps:
-                status = STATUS_MAX_STEPS
-                break
-            if not (h_try > 1e-14 * max(1.0, abs(t))):
-                status = STATUS_STEP_TOO_SMALL
-                break
-        else:
-            target = grid[next_stop]
-            h_try = target - t
-            hit_stop = True
+        target = grid[next_stop]
+        h_try, hit_stop, status = propose_step(t, h if adaptive else math.inf, target, n,
+                                               max_steps if adaptive else n_stops)
+        if status != STATUS_SUCCESS:
+            break
         t_new = target if hit_stop else t + h_try
 
         transition_coefficients(h_try, q, a)
@@ -401,33 +482,13 @@ def run_filter(
 
         local_kappa = 1.0
         if adaptive or diffusion_mode == DIFFUSION_LOCAL:
-            local_defect_covariance(rq, tvec, jac, q, d, bq, cmat)
-            local_kappa = quadratic_form_inverse(cmat, zhat, d, work, tmp) / d
+            err, local_kappa = local_error(rq, tvec, jac, zhat, h_try, y_prev, xi, rtol, atol, q, d, err_work)
         if adaptive:
-            if not math.isfinite(local_kappa):
-                err = math.inf
-            else:
-                acc = 0.0
-                for k in range(d):
-                    e = h_try * math.sqrt(max(local_kappa * cmat[k, k], 0.0))
-                    sc = atol + rtol * max(abs(y_prev[k]), abs(xi[k]))
-                    acc += (e / sc) ** 2
-                err = math.sqrt(acc / d)
             if not (err <= 1.0):
                 n_rej += 1
-                if math.isfinite(err):
-                    fac = max(0.2, 0.9 * err ** (-1.0 / (q + 1.0)))
-                else:
-                    fac = 0.2
-                h = h_try * fac
+                h = h_try * rejected_step_factor(err, q)
                 continue
-            e_c = max(err, 1e-10)
-            fac = 0.9 * e_c ** (-beta1) * err_prev**beta2
-            fac = min(10.0, max(0.2, fac))
-            err_prev = e_c
-            h_next = h_try * fac
-            # A step shortened to land on an output time should not shrink the next proposal.
-            h = max(h_next, h) if hit_stop else h_next
+            h, err_prev = next_step(h_try, h, err, err_prev, hit_stop, q)
 
         if diffusion_mode == DIFFUSION_FIXED:
             kap = kappa
@@ -439,7 +500,8 @@ def run_filter(
         predict_root(rs[n], a, tvec, math.sqrt(kap), rq, q, d, m_pred, r_pred)
 
         if n + 1 >= cap:
-            ts, mus, rs, kaps, cap = _grow(ts, mus, rs, kaps, cap)
+            cap *= 2
+            ts, mus, rs, kaps = grow_rows(ts, cap), grow_rows(mus, cap), grow_rows(rs, cap), grow_rows(kaps, cap)
         stat = update_sqrt(r_pred, mu_pred, jac, zhat, q, d, m_upd, w, mus[n + 1], rs[n + 1])
         if not (math.isfinite(stat) and all_finite(mus[n + 1]) and all_finite(rs[n + 1])):
             status = STATUS_NONFINITE

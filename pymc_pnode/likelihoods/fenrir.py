@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import dataclasses
+import warnings
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,18 +20,58 @@ from pytensor.link.numba.dispatch import numba_funcify
 from pytensor.link.numba.dispatch.basic import numba_njit
 from pytensor.tensor.rewriting.basic import register_specialize
 
+from pymc_pnode.accuracy import AccuracyWarning, SolverDiagnostics
 from pymc_pnode.filtering.fenrir import fenrir_kernel
+from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.ode import ODE
 from pymc_pnode.solve import EK1, _ODEFilter, as_float_array, fixed_grid, solve, validate_times
 
-__all__ = ["Fenrir", "FenrirProblem", "fenrir_loglik"]
+__all__ = ["Fenrir", "FenrirProblem", "StepControl", "fenrir_diagnostics", "fenrir_loglik"]
+
+
+DEFAULT_RTOL = 1e-4
+DEFAULT_ATOL = 1e-6
+DEFAULT_MAX_STEPS = 20_000
+
+
+@dataclass(frozen=True)
+class StepControl:
+    """How a Fenrir likelihood chooses its solver grid.
+
+    ``step=None``: every evaluation chooses its grid with the filter's local error estimate and a PI
+    controller at ``rtol``/``atol`` (at most ``max_steps`` steps), landing on every observation time.
+    A fixed ``step``: a fixed grid refined to contain the observation times, whose local errors are
+    checked against ``rtol``/``atol`` at every evaluation (:class:`~pymc_pnode.AccuracyWarning`).
+    """
+
+    step: float | None = None
+    rtol: float = DEFAULT_RTOL
+    atol: float = DEFAULT_ATOL
+    max_steps: int = DEFAULT_MAX_STEPS
+
+    def __post_init__(self):
+        if self.step is not None and not (float(self.step) > 0 and math.isfinite(float(self.step))):
+            raise ValueError(f"step must be positive and finite (or None for error control), got {self.step!r}")
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float, np.floating)) and 0 < value < 1):
+                raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+        if isinstance(self.max_steps, bool) or int(self.max_steps) != self.max_steps or self.max_steps < 1:
+            raise ValueError(f"max_steps must be a positive integer, got {self.max_steps!r}")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.step is None
 
 
 @dataclass(frozen=True, eq=False)
 class FenrirProblem:
     """Everything about a Fenrir likelihood that is fixed at model-build time.
 
-    Built by :func:`fenrir_loglik` and :func:`Fenrir` from validated user input.
+    Built by :func:`fenrir_loglik` and :func:`Fenrir` from validated user input. ``grid`` is the
+    fixed grid (or, with error control, the stops: ``t0`` and the observation times) and
+    ``obs_at[n]`` the observation at ``grid[n]`` (or -1). ``diffusion_mode``: a fixed diffusion
+    (an input of the Op) or one calibrated at every evaluation (``odefilter.DIFFUSION_*``). ``diagnostics`` counts this process's evaluations.
     """
 
     ode: ODE
@@ -39,17 +82,17 @@ class FenrirProblem:
     obs_matrix: np.ndarray
     missing: np.ndarray
     n_sigma: int
-    step: float
+    control: StepControl
+    diffusion_mode: int
+    diagnostics: SolverDiagnostics
 
     @classmethod
-    def build(cls, ode, times, data_shape, obs_matrix, n_sigma, solver, step) -> "FenrirProblem":
+    def build(cls, ode, times, data_shape, obs_matrix, n_sigma, solver, control, diffusion_mode, label="Fenrir"):
         if not isinstance(ode, ODE):
             raise ValueError(f"ode must be a pymc_pnode.ODE, got {type(ode).__name__}")
         solver = EK1(order=3) if solver is None else solver
         if not isinstance(solver, _ODEFilter):
             raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
-        if step is None or not (float(step) > 0 and math.isfinite(float(step))):
-            raise ValueError(f"step must be positive and finite, got {step!r}")
         times = validate_times(times, (-math.inf, math.inf), "times")
         if times[0] < ode.t0:
             raise ValueError(f"times must not precede the initial time t0={ode.t0}, got {times[0]}")
@@ -66,16 +109,25 @@ class FenrirProblem:
             raise ValueError(f"data has {m} columns but obs_matrix has {cmat.shape[0]} rows")
         if n_sigma not in (1, m):
             raise ValueError(f"obs_sigma must be a scalar or have length {m}, got length {n_sigma}")
-        end = times[-1] if times[-1] > ode.t0 else ode.t0 + float(step)
-        grid = fixed_grid(np.union1d([ode.t0, end], times), float(step))
+        stops = np.union1d([ode.t0], times)
+        if control.adaptive:
+            grid = stops
+        else:
+            if stops.size == 1:  # a single observation at t0: one step past it keeps the kernel's shape
+                stops = np.array([ode.t0, ode.t0 + control.step])
+            grid = fixed_grid(stops, control.step)
         obs_at = np.full(grid.size, -1, dtype=np.int64)
         obs_at[np.searchsorted(grid, times)] = np.arange(times.size)
+        diagnostics = SolverDiagnostics(label=label, step=control.step, order=solver.order)
         return cls(ode, solver, times, grid, obs_at, np.ascontiguousarray(cmat),
-                   np.zeros(data_shape, dtype=bool), n_sigma, float(step))
+                   np.zeros(data_shape, dtype=bool), n_sigma, control, int(diffusion_mode), diagnostics)
 
     def with_missing(self, missing: np.ndarray) -> "FenrirProblem":
-        return FenrirProblem(self.ode, self.solver, self.times, self.grid, self.obs_at,
-                             self.obs_matrix, missing, self.n_sigma, self.step)
+        return dataclasses.replace(self, missing=missing)
+
+    @property
+    def step(self) -> float | None:
+        return self.control.step
 
     @property
     def n_directions(self) -> int:
@@ -92,12 +144,26 @@ class FenrirProblem:
         taylor, taylor_jac = ode.taylor_functions(self.solver.order)
         return (ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, taylor, taylor_jac)
 
-    def evaluate(self, y0, theta, data, sigma, kappa, cotangent=None):
+    def evaluate(self, y0, theta, data, sigma, kappa, cotangent=None, diagnostics=None, warn=True):
         """Per-observation terms and, given ``cotangent``, the gradient of ``cotangent · terms``.
 
         The gradient is the flat vector over ``(y0, θ, noise scales, κ)``. Terms are ``-inf`` (and
-        the gradient zero) when the solve diverges or an input is invalid.
+        the gradient zero) when the solve fails (non-finite values, a diverging fixed step,
+        ``max_steps`` reached) or an input is invalid; every evaluation is counted in
+        ``diagnostics`` (default :attr:`diagnostics`), which warns unless ``warn`` is False.
         """
+        return self._evaluate(y0, theta, data, sigma, kappa, cotangent, diagnostics, warn)[:2]
+
+    def solver_grid(self, y0, theta, data, sigma, kappa=1.0) -> np.ndarray:
+        """The solver grid of one evaluation at these inputs (the error-controlled grid without a fixed step).
+
+        Empty when the solve fails.
+        """
+        terms, _, grid = self._evaluate(y0, theta, data, sigma, kappa, None, SolverDiagnostics(), False)
+        return grid.copy() if np.isfinite(terms).all() else np.empty(0)
+
+    def _evaluate(self, y0, theta, data, sigma, kappa, cotangent, diagnostics, warn):
+        """:meth:`evaluate`, and the solver grid."""
         ode = self.ode
         data = np.array(data, dtype=np.float64, order="C", copy=True)
         data[self.missing] = np.nan
@@ -113,18 +179,25 @@ class FenrirProblem:
         want_grad = cotangent is not None
         cot = (np.ascontiguousarray(cotangent, dtype=np.float64).reshape(-1) if want_grad
                else np.zeros(0))
-        bad = not (kappa > 0 and np.all(sigma_full > 0) and np.all(np.isfinite(y0)) and np.all(np.isfinite(theta)))
-        if not bad:
-            terms, grad, ok = self.kernel(
-                *self.kernel_arguments(), y0, theta, self.solver.prior.Q_bar_sqrt,
-                self.solver.ek1, kappa, self.grid, self.obs_at, data, self.obs_matrix, sigma_full,
-                sigma_dir, self.n_sigma, want_grad, cot,
+        ok = (kappa > 0 and np.all(sigma_full > 0) and np.all(np.isfinite(y0)) and np.all(np.isfinite(theta)))
+        n_steps = n_rejected = 0
+        max_err = math.nan
+        grid = self.grid[:1]
+        if ok:
+            control = self.control
+            terms, grad, ok, info, grid = self.kernel(
+                *self.kernel_arguments(), y0, theta, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa,
+                self.grid, self.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
+                self.diffusion_mode, control.adaptive, control.rtol, control.atol, control.max_steps,
             )
-            bad = not ok
-        if bad:
+            max_err, n_steps, n_rejected = info[0], int(info[2]), int(info[3])
+        (self.diagnostics if diagnostics is None else diagnostics).record(n_steps, n_rejected, max_err,
+                                                                          failed=not ok, warn=warn)
+        if not ok:
             terms = np.full(data.shape[0], -np.inf)
             grad = np.zeros(self.n_directions)
-        return terms, grad
+        return terms, grad, grid
+
 
 
 def _fenrir_inputs(y0, theta, data, sigma, kappa):
@@ -203,6 +276,8 @@ def _numba_fenrir_evaluate(problem: FenrirProblem):
     d, k = problem.ode.n_states, problem.ode.n_theta
     rq, ek1 = problem.solver.prior.Q_bar_sqrt, problem.solver.ek1
     grid, obs_at, cmat = problem.grid, problem.obs_at, problem.obs_matrix
+    control, diffusion_mode = problem.control, problem.diffusion_mode
+    adaptive, rtol, atol, max_steps = control.adaptive, control.rtol, control.atol, control.max_steps
     missing = problem.missing
     n_obs, m = missing.shape
     n_sigma = problem.n_sigma
@@ -231,9 +306,10 @@ def _numba_fenrir_evaluate(problem: FenrirProblem):
         grad = np.zeros(n_dir)
         if ok:
             # Captured arrays are read-only constants in numba; the kernel takes writable ones.
-            t, g, ok = kernel(rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac, y0c, thc,
-                              rq.copy(), ek1, kap, grid.copy(), obs_at.copy(), values,
-                              cmat.copy(), sigma_full, sigma_dir.copy(), n_sigma, want_grad, cot)
+            t, g, ok, _, _ = kernel(rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac, y0c, thc, rq.copy(), ek1,
+                                 kap, grid.copy(), obs_at.copy(), values, cmat.copy(), sigma_full, sigma_dir.copy(),
+                                 n_sigma, want_grad, cot, diffusion_mode, adaptive, rtol, atol,
+                                 max_steps)
             if ok:
                 terms, grad = t, g
         return terms, grad
@@ -292,9 +368,25 @@ def _validate_positive_constant(value, name: str):
             raise ValueError(f"{name} must be positive and finite, got {value!r}")
 
 
-def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, step):
+_CALIBRATIONS = {None: DIFFUSION_LOCAL, "local": DIFFUSION_LOCAL, "global": DIFFUSION_GLOBAL}
+_SOLVE_DIFFUSION = {DIFFUSION_LOCAL: "local", DIFFUSION_GLOBAL: "calibrated"}
+
+
+def diffusion_mode(diffusion) -> int:
+    """``DIFFUSION_LOCAL`` for ``None``/``"local"``, ``DIFFUSION_GLOBAL`` for ``"global"``, else fixed."""
+    if diffusion is None or isinstance(diffusion, str):
+        if diffusion not in _CALIBRATIONS:
+            raise ValueError(f"diffusion must be None, 'local', 'global', a positive number or a random variable, "
+                             f"got {diffusion!r}")
+        return _CALIBRATIONS[diffusion]
+    return DIFFUSION_FIXED
+
+
+def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control, label):
     _validate_positive_constant(obs_sigma, "obs_sigma")
-    _validate_positive_constant(diffusion, "diffusion")
+    mode = diffusion_mode(diffusion)
+    if mode == DIFFUSION_FIXED:
+        _validate_positive_constant(diffusion, "diffusion")
     sigma = pt.as_tensor_variable(obs_sigma, dtype="float64")
     if sigma.ndim > 1:
         raise ValueError("obs_sigma must be a scalar or a vector")
@@ -308,7 +400,8 @@ def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, step):
         # e.g. a random variable declared with dims: one scale per observed component
         n_sigma = arr.shape[1]
         sigma = pt.specify_shape(sigma, (n_sigma,))
-    problem = FenrirProblem.build(ode, times, arr.shape, obs_matrix, n_sigma, solver, step)
+    problem = FenrirProblem.build(ode, times, arr.shape, obs_matrix, n_sigma, solver, control,
+                                  mode, label=label)
     missing = np.isnan(arr)
     if np.all(missing):
         raise ValueError("data contains no observed (non-NaN) values")
@@ -326,17 +419,28 @@ def fenrir_loglik(
     *,
     obs_matrix=None,
     obs_sigma,
-    diffusion,
+    diffusion=None,
     solver: _ODEFilter | None = None,
-    step: float,
+    step: float | None = None,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+    max_steps: int = DEFAULT_MAX_STEPS,
     pointwise: bool = False,
 ):
     r"""The Fenrir PN-approximated marginal log-likelihood as a PyTensor expression.
 
-    Computes :math:`\log p(u_{1:M} \mid y_0, \theta, \kappa, \sigma)` (notes 002 §9.3): an ODE
-    filter with fixed diffusion ``κ`` (the variance multiplier of the prior's ``Q(h)``, as
-    ``diffusion_var`` in Fenrir.jl) steps through every observation time, and a backward-in-time
-    Kalman filter on its posterior conditions on the data ``u_i = H y(t_i) + N(0, diag(σ²))``.
+    Computes :math:`\log p(u_{1:M} \mid y_0, \theta, \kappa, \sigma)` (Tronarp, Bosch & Hennig,
+    2022, eq. 15 and App. B.1): an ODE filter with diffusion ``κ`` (the variance multiplier of the
+    prior's ``Q(h)``, as ``diffusion_var`` in Fenrir.jl) steps through every observation time, and a
+    backward-in-time Kalman filter on its posterior conditions on the data
+    ``u_i = H y(t_i) + N(0, diag(σ²))``.
+
+    By default the solver grid is chosen at every evaluation by the filter's local error estimate
+    and a PI step-size controller (Bosch, Hennig & Tronarp, 2021, §4), and the diffusion is the
+    quasi-maximum-likelihood estimate from the ODE residuals of that solve (Tronarp et al., 2019,
+    Prop. 4). The gradient is exact for the grid the evaluation chose (the grid is held fixed, as
+    in discrete adjoints of adaptive solvers) and includes the dependence of the calibrated
+    diffusion on the parameters.
 
     Parameters
     ----------
@@ -352,11 +456,19 @@ def fenrir_loglik(
         Observation matrix ``H`` (default: identity, all states observed).
     obs_sigma : float, vector of length m, or TensorVariable
         Observation noise standard deviation (scalar or per observed component).
-    diffusion : float or TensorVariable
-        The diffusion ``κ > 0``.
+    diffusion : float or TensorVariable, optional
+        The diffusion ``κ > 0``. Default: calibrated at every evaluation (global quasi-MLE).
     solver : EK0 or EK1, default ``EK1(order=3)``
-    step : float
-        Fixed solver step; the grid is refined to contain every observation time.
+    step : float, optional
+        A fixed solver step (the grid is refined to contain every observation time). Default: the
+        step is error-controlled. A fixed step is checked at every evaluation with the filter's
+        local error estimate against ``rtol``/``atol``; when it misses them a
+        :class:`~pymc_pnode.AccuracyWarning` says so (counts in :func:`~pymc_pnode.fenrir_diagnostics`).
+    rtol, atol : float
+        Relative and absolute tolerances of the local error (defaults 1e-6 and 1e-8).
+    max_steps : int
+        Step cap of an error-controlled solve (default 20,000); a solve that needs more returns
+        ``-inf``.
     pointwise : bool, default False
         Return the vector of per-observation-time terms (prediction-error decomposition) instead
         of their sum.
@@ -364,11 +476,16 @@ def fenrir_loglik(
     Returns
     -------
     TensorVariable
-        Scalar log-likelihood (or the (T,) terms). ``-inf`` when the solve diverges.
+        Scalar log-likelihood (or the (T,) terms). ``-inf`` when the solve fails: non-finite values, a
+        fixed step that diverges, an error-controlled solve that reaches ``max_steps`` or whose step
+        collapses.
     """
-    problem, filled, sigma = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, step)
+    control = StepControl(step, rtol, atol, max_steps)
+    problem, filled, sigma = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control,
+                                      "fenrir_loglik")
+    kappa = diffusion if diffusion_mode(diffusion) == DIFFUSION_FIXED else 1.0
     terms = FenrirOp(problem)(ode.y0_tensor(y0), ode.theta_tensor(theta), pt.as_tensor_variable(filled), sigma,
-                              diffusion)
+                              kappa)
     return terms if pointwise else terms.sum()
 
 
@@ -386,9 +503,13 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, rng, size)
     n_obs, m = problem.missing.shape
     batch = (n_obs,) if size is None else tuple(np.atleast_1d(size))
     n = int(np.prod(batch[:-1])) if len(batch) > 1 else 1
-    span = problem.grid[-1] - ode.t0  # the same grid as the likelihood's: steps of at most problem.step
-    sol = solve(ode, y0, theta, (ode.t0, problem.grid[-1]), solver=problem.solver, step=min(problem.step, span),
-                save_at=problem.times, diffusion=float(kappa))
+    span = problem.grid[-1] - ode.t0
+    control = problem.control
+    # The likelihood's grid: steps of at most problem.step, or the same error control.
+    step = None if control.adaptive else min(control.step, span)
+    sol = solve(ode, y0, theta, (ode.t0, problem.grid[-1]), solver=problem.solver, step=step,
+                rtol=control.rtol, atol=control.atol, max_steps=control.max_steps, save_at=problem.times,
+                diffusion=_SOLVE_DIFFUSION.get(problem.diffusion_mode, float(kappa)))
     if not sol.success:
         return np.full(batch + (m,), np.nan)
     traj = sol.sample(n, rng=rng)  # (n, T, d)
@@ -407,9 +528,13 @@ def Fenrir(
     observed,
     obs_matrix=None,
     obs_sigma,
-    diffusion,
+    diffusion=None,
     solver: _ODEFilter | None = None,
-    step: float,
+    step: float | None = None,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    check_accuracy: bool = True,
     dims=None,
 ):
     """Register the Fenrir likelihood of ``observed`` in the active PyMC model.
@@ -425,9 +550,13 @@ def Fenrir(
     ----------
     name : str
         Name of the observed variable.
-    ode, y0, theta, times, obs_matrix, obs_sigma, diffusion, solver, step
+    ode, y0, theta, times, obs_matrix, obs_sigma, diffusion, solver, step, rtol, atol, max_steps
         As in :func:`fenrir_loglik`; ``y0``, ``theta``, ``obs_sigma`` and ``diffusion`` may be
         random variables of the model.
+    check_accuracy : bool, default True
+        With a fixed ``step``: evaluate the likelihood at the model's initial point and at 20 prior
+        draws now, and warn (:class:`~pymc_pnode.AccuracyWarning`) when the step misses the
+        tolerances there. Every later evaluation is checked too, in the process that runs it.
     observed : array_like, shape (T, m)
         The data.
     dims : tuple of str, optional
@@ -438,9 +567,12 @@ def Fenrir(
     TensorVariable
         The observed variable.
     """
-    problem, filled, sigma = _prepare(ode, times, observed, obs_matrix, obs_sigma, diffusion, solver, step)
+    control = StepControl(step, rtol, atol, max_steps)
+    problem, filled, sigma = _prepare(ode, times, observed, obs_matrix, obs_sigma, diffusion, solver, control,
+                                      f"Fenrir {name!r}")
     y0, theta = ode.y0_tensor(y0), ode.theta_tensor(theta)
-    kappa = pt.as_tensor_variable(diffusion, dtype="float64")
+    kappa = pt.as_tensor_variable(diffusion if diffusion_mode(diffusion) == DIFFUSION_FIXED else 1.0,
+                                   dtype="float64")
     sigma_vec = sigma if sigma.ndim == 1 else sigma[None]
     op = FenrirOp(problem)
 
@@ -455,7 +587,7 @@ def Fenrir(
     def random(y0, theta, sigma, kappa, rng=None, size=None):
         return _predictive_draw(problem, y0, theta, sigma, kappa, rng, size)
 
-    return pm.CustomDist(
+    observed_rv = pm.CustomDist(
         name,
         y0,
         theta,
@@ -468,3 +600,51 @@ def Fenrir(
         shape=filled.shape,
         dims=dims,
     )
+    model = pm.modelcontext(None)
+    _DIAGNOSTICS.setdefault(model, {})[name] = problem.diagnostics
+    if check_accuracy and not control.adaptive:
+        _check_accuracy_before_sampling(model, problem, filled, [y0, theta, sigma, kappa])
+    return observed_rv
+
+
+_DIAGNOSTICS: "weakref.WeakKeyDictionary[pm.Model, dict[str, SolverDiagnostics]]" = weakref.WeakKeyDictionary()
+_N_PRIOR_CHECKS = 20
+
+
+def fenrir_diagnostics(model: pm.Model | None = None) -> dict[str, SolverDiagnostics]:
+    """Accuracy counts of every :func:`Fenrir` likelihood of ``model`` (default: the model in context).
+
+    The counts cover the evaluations run in this process (``pm.sample(cores=1)``, ``pm.find_MAP``,
+    :func:`~pymc_pnode.fit`, compiled functions); chains sampled in other processes warn there.
+
+    Returns
+    -------
+    dict
+        ``{name: SolverDiagnostics}`` with steps taken, rejected steps, evaluations over the
+        tolerance, failed (``-inf``) solves, the largest scaled local error and a suggested step.
+    """
+    model = pm.modelcontext(model)
+    return dict(_DIAGNOSTICS.get(model, {}))
+
+
+def _check_accuracy_before_sampling(model, problem: FenrirProblem, filled, parameters) -> None:
+    """Warn when a fixed step misses the tolerances at the initial point or at prior draws."""
+    values = model.replace_rvs_by_values(parameters)
+    at_initial_point = model.compile_fn(values, inputs=model.value_vars, on_unused_input="ignore")
+    points = [at_initial_point(model.initial_point())]
+    draws = pm.draw(parameters, draws=_N_PRIOR_CHECKS, random_seed=0)
+    points += [[np.asarray(v)[j] for v in draws] for j in range(_N_PRIOR_CHECKS)]
+    probe = SolverDiagnostics(problem.diagnostics.label, problem.step, problem.solver.order)
+    for y0, theta, sigma, kappa in points:
+        problem.evaluate(y0, theta, filled, sigma, kappa, diagnostics=probe, warn=False)
+    if probe.n_over_tolerance or probe.n_failed:
+        warnings.warn(
+            f"{probe.label}: at the initial point and {_N_PRIOR_CHECKS} prior draws, the fixed step "
+            f"{probe.step:g} misses the tolerances (rtol={problem.control.rtol:g}, atol={problem.control.atol:g}) "
+            f"in {probe.n_over_tolerance} and fails (-inf) in {probe.n_failed} of {probe.n_evaluations} "
+            f"evaluations (largest scaled local error {probe.max_error:.3g}). "
+            + (f"Use step={probe.suggested_step:.3g} or smaller, or " if probe.suggested_step else "Use ")
+            + "step=None for error-controlled steps.",
+            AccuracyWarning,
+            stacklevel=3,
+        )

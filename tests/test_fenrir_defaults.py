@@ -1,0 +1,228 @@
+"""Fenrir with its defaults: error-controlled steps, calibrated diffusion, the fixed-step accuracy guard.
+
+References are independent: exact Gaussian log-likelihoods around DOP853 solutions at rtol = atol = 1e-12.
+"""
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from scipy.integrate import solve_ivp
+from scipy.stats import norm
+
+import pymc_pnode as pn
+from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
+from pymc_pnode.likelihoods.fenrir import FenrirProblem, StepControl
+
+
+def relaxation_oscillator(y, t, p):
+    # Van der Pol in Liénard-free form; relaxation oscillations with sharp jumps for large μ = p[0].
+    return [y[1], p[0] * (1 - y[0] ** 2) * y[1] - y[0]]
+
+
+def riccati_blow_up(y, t, p):
+    # y1' = a y1² − b y1 blows up in finite time when a y1(0) > b; y2 is an unobserved decaying state.
+    return [p[0] * y[0] ** 2 - p[1] * y[0], -y[1]]
+
+
+def lotka_volterra(y, t, p):
+    return [p[0] * y[0] - p[1] * y[0] * y[1], -p[2] * y[1] + p[3] * y[0] * y[1]]
+
+
+# (vector field, n_theta, y0, times, truth, noise sd, parameter box incl. stiff-ish or blow-up corners)
+CASES = {
+    "relaxation oscillator": (relaxation_oscillator, 1, [2.0, 0.0], np.linspace(0.5, 15.0, 59), [3.0], 0.1,
+                              [[0.5], [1.0], [3.0], [5.0], [8.0], [10.0]]),
+    "finite-time blow-up": (riccati_blow_up, 2, [1.0, 1.0], np.linspace(0.2, 5.0, 25), [0.5, 1.0], 0.05,
+                            [[0.5, 1.0], [0.9, 1.0], [0.2, 1.5], [0.99, 1.0], [0.3, 0.2], [1.5, 1.0], [3.0, 0.5]]),
+    "partially observed predator-prey": (lotka_volterra, 4, [1.0, 1.0], np.linspace(0.5, 15.0, 30),
+                                         [1.5, 1.0, 3.0, 1.0], 0.1,
+                                         [[1.5, 1.0, 3.0, 1.0], [0.5, 1.0, 1.0, 1.0], [2.5, 1.5, 2.0, 0.5],
+                                          [1.0, 0.5, 3.0, 1.5], [3.0, 0.5, 0.5, 2.0]]),
+}
+
+
+def _reference(func, y0, theta, times):
+    """DOP853 at 1e-12 at ``times``; None when the solution does not reach the last time (blow-up)."""
+    sol = solve_ivp(lambda t, y: func(y, t, theta), (0.0, times[-1]), y0, method="DOP853", t_eval=times,
+                    rtol=1e-12, atol=1e-12)
+    if not sol.success or sol.y.shape[1] != times.size:
+        return None
+    return sol.y.T
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request):
+    func, n_theta, y0, times, truth, sd, box = CASES[request.param]
+    ode = pn.ODE(func, n_states=2, n_theta=n_theta)
+    data = _reference(func, y0, np.array(truth), times)[:, :1] + sd * np.random.default_rng(0).standard_normal(
+        (times.size, 1))
+    return ode, func, np.array(y0), times, data, sd, [np.array(b, dtype=float) for b in box]
+
+
+def test_default_fenrir_agrees_with_the_exact_likelihood_across_a_parameter_box(case):
+    ode, func, y0, times, data, sd, box = case
+    theta = pt.vector("theta")
+    ll = pn.fenrir_loglik(ode, y0, theta, times, data, obs_matrix=[[1.0, 0.0]], obs_sigma=sd)
+    logp = pytensor.function([theta], ll)
+    n_blow_up = 0
+    for th in box:
+        ref = _reference(func, y0, th, times)
+        value = float(logp(th))
+        if ref is None:  # no solution over the data's time span: the likelihood must not be finite
+            n_blow_up += 1
+            assert value == -np.inf, th
+            continue
+        exact = norm.logpdf(data[:, 0], ref[:, 0], sd).sum()
+        assert abs(value - exact) <= max(2.0, 0.01 * abs(exact)), (th, value, exact)
+    if ode.n_theta == 2:
+        assert n_blow_up == 2  # the box reaches into the blow-up region
+
+
+@pytest.mark.parametrize("step", [0.2, 0.1, 0.05, 0.02])
+def test_a_fixed_step_is_never_silently_wrong(step):
+    """The relaxation oscillator over μ ∈ [1, 10] at fixed steps: each evaluation is within 1 % of the
+    exact log-likelihood, or ``-inf``, or warned about (and counted)."""
+    func, _, y0, times, _, sd, _ = CASES["relaxation oscillator"]
+    ode = pn.ODE(func, n_states=2, n_theta=1)
+    y0 = np.array(y0)
+    data = _reference(func, y0, np.array([3.0]), times)[:, :1]
+    n_flagged = 0
+    for mu in [1.0, 3.0, 5.0, 8.0, 10.0]:
+        problem = FenrirProblem.build(ode, times, data.shape, [[1.0, 0.0]], 1, pn.EK1(3), StepControl(step),
+                                      DIFFUSION_FIXED)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = problem.evaluate(y0, [mu], data, sd, 1.0)[0].sum()
+        warned = any(issubclass(w.category, pn.AccuracyWarning) for w in caught)
+        counts = problem.diagnostics
+        assert warned == (counts.n_over_tolerance + counts.n_failed == 1)
+        exact = norm.logpdf(data[:, 0], _reference(func, y0, np.array([mu]), times)[:, 0], sd).sum()
+        if value == -np.inf:
+            assert counts.n_failed == 1
+        elif not warned:
+            assert abs(value - exact) <= 0.01 * abs(exact), (mu, value, exact)
+        else:
+            assert counts.suggested_step < step
+        n_flagged += warned
+    assert n_flagged >= 1  # every step here is too coarse somewhere in the box
+
+
+def _problem(ode, times, data, control, mode, solver=None):
+    return FenrirProblem.build(ode, times, data.shape, [[1.0, 0.0]], 1, solver or pn.EK1(3), control, mode)
+
+
+def _central_differences(f, x, eps=1e-6):
+    return np.array([(f(x + e) - f(x - e)) / (2 * eps) for e in np.eye(x.size) * eps])
+
+
+@pytest.mark.parametrize("mode", [DIFFUSION_LOCAL, DIFFUSION_GLOBAL, DIFFUSION_FIXED])
+@pytest.mark.parametrize("solver", [pn.EK1(3), pn.EK0(2)])
+def test_exact_gradient_for_each_diffusion_on_a_fixed_grid(fhn_ode, mode, solver):
+    times = np.linspace(0.5, 6.0, 12)
+    data = np.sin(times)[:, None]
+    problem = _problem(fhn_ode, times, data, StepControl(0.05), mode, solver)
+    x = np.array([-1.0, 1.0, 0.2, 0.2, 3.0, 0.1, 0.7])  # y0, θ, σ, κ
+
+    def value(x):
+        return problem.evaluate(x[:2], x[2:5], data, x[5], x[6])[0].sum()
+
+    _, grad = problem.evaluate(x[:2], x[2:5], data, x[5], x[6], cotangent=np.ones(times.size))
+    fd = _central_differences(value, x)
+    np.testing.assert_allclose(grad, fd, rtol=0, atol=2e-6 * np.abs(fd).max())
+    if mode != DIFFUSION_FIXED:
+        assert grad[-1] == 0.0 and fd[-1] == 0.0  # the κ argument is not used
+
+
+def test_error_controlled_gradient_is_exact_for_the_chosen_grid(fhn_ode):
+    """The adaptive evaluation equals a fixed-grid evaluation on the grid it chose, and its gradient is the
+    exact gradient on that grid; the grid is ``pn.solve``'s (same controller, tolerances, local diffusion)
+    up to rounding."""
+    times = np.linspace(0.5, 6.0, 12)
+    data = np.sin(times)[:, None]
+    y0, theta = np.array([-1.0, 1.0]), np.array([0.2, 0.2, 3.0])
+    # rtol 1e-3: at tighter tolerances the residuals ẑ that set the local diffusion are differences of
+    # nearly equal numbers, and central differences of the value see their rounding (not the gradient).
+    adaptive = _problem(fhn_ode, times, data, StepControl(None, 1e-3, 1e-5), DIFFUSION_LOCAL)
+    terms, grad = adaptive.evaluate(y0, theta, data, 0.1, 1.0, cotangent=np.ones(times.size))
+    grid = adaptive.solver_grid(y0, theta, data, 0.1)
+    assert grid.size == adaptive.diagnostics.n_steps + 1 > 20 and adaptive.diagnostics.n_rejected > 0
+    sol = pn.solve(fhn_ode, y0, theta, (0.0, times[-1]), rtol=1e-3, atol=1e-5, save_at=times, diffusion="local",
+                   smooth=False)
+    assert abs(sol.stats["n_steps"] - (grid.size - 1)) <= 2
+    fixed = FenrirProblem(fhn_ode, adaptive.solver, times, grid, _obs_index(grid, times), adaptive.obs_matrix,
+                          adaptive.missing, 1, StepControl(1.0), DIFFUSION_LOCAL, pn.SolverDiagnostics())
+    fixed_terms, fixed_grad = fixed.evaluate(y0, theta, data, 0.1, 1.0, cotangent=np.ones(times.size))
+    np.testing.assert_allclose(terms, fixed_terms, rtol=1e-9)
+    np.testing.assert_allclose(grad, fixed_grad, rtol=1e-7, atol=1e-9)  # the same steps up to rounding
+    x = np.concatenate([y0, theta, [0.1]])
+    fd = _central_differences(lambda x: fixed.evaluate(x[:2], x[2:5], data, x[5], 1.0)[0].sum(), x)
+    np.testing.assert_allclose(grad[:6], fd, rtol=0, atol=1e-6 * np.abs(fd).max())
+
+
+def _obs_index(grid, times):
+    obs_at = np.full(grid.size, -1, dtype=np.int64)
+    obs_at[np.searchsorted(grid, times)] = np.arange(times.size)
+    assert np.array_equal(grid[obs_at >= 0], times)
+    return obs_at
+
+
+def test_max_steps_and_blow_up_give_minus_infinity_and_are_counted(fhn_ode):
+    times = np.linspace(0.5, 6.0, 12)
+    data = np.sin(times)[:, None]
+    capped = _problem(fhn_ode, times, data, StepControl(None, max_steps=10), DIFFUSION_LOCAL)
+    terms, grad = capped.evaluate([-1.0, 1.0], [0.2, 0.2, 3.0], data, 0.1, 1.0, cotangent=np.ones(times.size))
+    assert np.all(terms == -np.inf) and np.all(grad == 0.0)
+    assert capped.diagnostics.n_failed == 1
+
+
+def test_guard_warns_on_a_coarse_step_before_sampling_and_stays_quiet_on_a_fine_one(fhn_ode):
+    times = np.arange(0.5, 4.01, 0.25)
+    data = np.sin(times)[:, None]
+
+    def build(step):
+        with pm.Model() as model:
+            theta = pm.LogNormal("theta", np.log([0.2, 0.2, 3.0]), 0.1, shape=3)
+            pn.Fenrir("V", fhn_ode, y0=[-1.0, 1.0], theta=theta, times=times, observed=data,
+                      obs_matrix=[[1.0, 0.0]], obs_sigma=0.1, step=step)
+        return model
+
+    with pytest.warns(pn.AccuracyWarning, match=r"initial point and 20 prior draws, the fixed step 0.25 misses"):
+        build(0.25)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        model = build(0.005)
+        logp = model.compile_logp()
+        logp(model.initial_point())
+    counts = pn.fenrir_diagnostics(model)["V"]
+    assert counts.n_evaluations >= 1 and counts.n_over_tolerance == 0 and counts.max_error <= 1.0
+    assert counts.suggested_step is None
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(rtol=0.0), "rtol"),
+    (dict(atol=-1.0), "atol"),
+    (dict(max_steps=0), "max_steps"),
+    (dict(diffusion="adaptive"), "diffusion"),
+    (dict(step=-0.1), "step"),
+])
+def test_bad_step_control_input(fhn_ode, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        pn.fenrir_loglik(fhn_ode, [-1.0, 1.0], [0.2, 0.2, 3.0], [1.0, 2.0], [[0.0], [0.1]],
+                         obs_matrix=[[1.0, 0.0]], obs_sigma=0.1, **kwargs)
+
+
+def test_numba_mode_matches_default_backend_with_defaults(fhn_ode):
+    times = np.arange(0.5, 3.01, 0.25)
+    data = np.sin(times)[:, None]
+    data[2, 0] = np.nan
+    theta = pt.vector("theta")
+    ll = pn.fenrir_loglik(fhn_ode, [-1.0, 1.0], theta, times, data, obs_matrix=[[1.0, 0.0]], obs_sigma=0.1)
+    outs = [ll, pytensor.grad(ll, theta)]
+    numba_fn = pytensor.function([theta], outs, mode="NUMBA")
+    default_fn = pytensor.function([theta], outs)
+    for a, b in zip(numba_fn([0.2, 0.2, 3.0]), default_fn([0.2, 0.2, 3.0])):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
