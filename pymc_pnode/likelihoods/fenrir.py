@@ -632,14 +632,20 @@ def _check_accuracy_before_sampling(model, problem: FenrirProblem, filled, param
     values = model.replace_rvs_by_values(parameters)
     at_initial_point = model.compile_fn(values, inputs=model.value_vars, on_unused_input="ignore")
     points = [at_initial_point(model.initial_point())]
-    draws = pm.draw(parameters, draws=_N_PRIOR_CHECKS, random_seed=0)
-    points += [[np.asarray(v)[j] for v in draws] for j in range(_N_PRIOR_CHECKS)]
+    where = "at the initial point"
+    try:
+        draws = pm.draw(parameters, draws=_N_PRIOR_CHECKS, random_seed=0)
+    except NotImplementedError:  # e.g. a Flat prior: nothing to draw from
+        draws = None
+    if draws is not None:
+        points += [[np.asarray(v)[j] for v in draws] for j in range(_N_PRIOR_CHECKS)]
+        where += f" and {_N_PRIOR_CHECKS} prior draws"
     probe = SolverDiagnostics(problem.diagnostics.label, problem.step, problem.solver.order)
     for y0, theta, sigma, kappa in points:
         problem.evaluate(y0, theta, filled, sigma, kappa, diagnostics=probe, warn=False)
     if probe.n_over_tolerance or probe.n_failed:
         warnings.warn(
-            f"{probe.label}: at the initial point and {_N_PRIOR_CHECKS} prior draws, the fixed step "
+            f"{probe.label}: {where}, the fixed step "
             f"{probe.step:g} misses the tolerances (rtol={problem.control.rtol:g}, atol={problem.control.atol:g}) "
             f"in {probe.n_over_tolerance} and fails (-inf) in {probe.n_failed} of {probe.n_evaluations} "
             f"evaluations (largest scaled local error {probe.max_error:.3g}). "
