@@ -94,7 +94,7 @@ def cost_table(repeats: int) -> list[str]:
     from fenrir_speed import SIGMA, THETA, TIMES, Y0, fhn, simulate_data
 
     ode = pn.ODE(fhn, n_states=2, n_theta=3)
-    data = simulate_data(20240521)
+    data = np.asarray(simulate_data(20240521)).reshape(-1, 1)
     ref = reference(fhn, Y0, THETA, TIMES)
     exact = norm.logpdf(data[:, 0], ref[:, 0], SIGMA).sum()
     variants = {"defaults (rtol 1e-4, local κ)": {}, "rtol 1e-3, local κ": dict(rtol=1e-3, atol=1e-5),

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     data = exact_solution(true_theta, times)[:, :1] + 0.1 * rng.standard_normal((times.size, 1))
     print(f"Simulated {times.size} noisy voltage observations of FitzHugh–Nagumo, theta={true_theta}")
 
-    with pm.Model(coords={"time": times, "observable": ["V"], "param": ["a", "b", "c"]}) as model:
+    with pm.Model(coords={"time": times, "observable": ["V"], "param": ["a", "b", "c"]}):
         theta = pm.LogNormal("theta", np.log([0.3, 0.3, 2.5]), 0.5, dims="param")
         sigma = pm.HalfNormal("sigma", 0.5)
         pn.Fenrir("V", ode, y0=y0, theta=theta, times=times, observed=data, obs_matrix=[[1.0, 0.0]],

@@ -47,6 +47,7 @@ from pymc_pnode.filtering.odefilter import (
     STATUS_NONFINITE,
     STATUS_SUCCESS,
     apply_transition,
+    control_step,
     fill_root_transition_t,
     fixed_step_failed,
     grow_rows,
@@ -54,11 +55,9 @@ from pymc_pnode.filtering.odefilter import (
     local_defect_covariance,
     local_error,
     local_error_work,
-    next_step,
     preconditioner,
     predict_root,
     propose_step,
-    rejected_step_factor,
     transition_coefficients,
     update_sqrt,
 )
@@ -636,11 +635,10 @@ def fenrir_kernel(q: int, d: int):
             err, local_kappa = local_error(rq, tvec, lin[p], za[p], h_try, mu_fa[n], mu_pa[p], rtol, atol, q, d,
                                            err_work)
             if adaptive:
-                if not (err <= 1.0):
+                accepted, h, err_prev = control_step(err, h_try, h, err_prev, hit_stop, q)
+                if not accepted:
                     n_rej += 1
-                    h = h_try * rejected_step_factor(err, q)
                     continue
-                h, err_prev = next_step(h_try, h, err, err_prev, hit_stop, q)
             max_err = max(max_err, err)
             kap_all[p] = kappa
             if local:

@@ -215,14 +215,19 @@ def propose_step(t: float, h: float, target: float, n_steps: int, max_steps: int
 
 
 @nb.njit(**JIT)
-def next_step(h_try: float, h: float, err: float, err_prev: float, hit_stop: bool, q: int) -> tuple[float, float]:
-    """Proposal after an accepted step of length ``h_try`` (proposal was ``h``): ``(h_next, err_prev)``.
+def control_step(
+    err: float, h_try: float, h: float, err_prev: float, hit_stop: bool, q: int
+) -> tuple[bool, float, float]:
+    """Accept a trial step of length ``h_try`` (proposal ``h``) with scaled error ``err`` or reject it.
 
-    A step shortened to land on an output time does not shrink the next proposal.
+    Returns ``(accepted, next proposal, err_prev)``. A step shortened to land on an output time does
+    not shrink the next proposal.
     """
+    if not (err <= 1.0):
+        return False, h_try * rejected_step_factor(err, q), err_prev
     fac, err_prev = accepted_step_factor(err, err_prev, q)
     h_next = h_try * fac
-    return (max(h_next, h) if hit_stop else h_next), err_prev
+    return True, (max(h_next, h) if hit_stop else h_next), err_prev
 
 
 @nb.njit(**JIT)
@@ -484,11 +489,10 @@ def run_filter(
         if adaptive or diffusion_mode == DIFFUSION_LOCAL:
             err, local_kappa = local_error(rq, tvec, jac, zhat, h_try, y_prev, xi, rtol, atol, q, d, err_work)
         if adaptive:
-            if not (err <= 1.0):
+            accepted, h, err_prev = control_step(err, h_try, h, err_prev, hit_stop, q)
+            if not accepted:
                 n_rej += 1
-                h = h_try * rejected_step_factor(err, q)
                 continue
-            h, err_prev = next_step(h_try, h, err, err_prev, hit_stop, q)
 
         if diffusion_mode == DIFFUSION_FIXED:
             kap = kappa
