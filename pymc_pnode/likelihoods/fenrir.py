@@ -431,8 +431,10 @@ def fenrir_loglik(
         Observation matrix ``H`` (default: identity, all states observed).
     obs_sigma : float, vector of length m, or TensorVariable
         Observation noise standard deviation (scalar or per observed component).
-    diffusion : float or TensorVariable, optional
-        The diffusion ``κ > 0``. Default: calibrated at every evaluation (global quasi-MLE).
+    diffusion : float, TensorVariable, "local" or "global", optional
+        The diffusion ``κ > 0``. Default (``None`` or ``"local"``): calibrated at every step of every
+        evaluation (local quasi-MLE); ``"global"``: one quasi-MLE per evaluation. For NUTS with
+        error-controlled steps prefer a fixed value or a random variable for now (see docs/fenrir.md).
     solver : EK0 or EK1, default ``EK1(order=3)``
     step : float, optional
         A fixed solver step (the grid is refined to contain every observation time). Default: the
@@ -440,7 +442,7 @@ def fenrir_loglik(
         local error estimate against ``rtol``/``atol``; when it misses them a
         :class:`~pymc_pnode.AccuracyWarning` says so (counts in :func:`~pymc_pnode.fenrir_diagnostics`).
     rtol, atol : float
-        Relative and absolute tolerances of the local error (defaults 1e-6 and 1e-8).
+        Relative and absolute tolerances of the local error (defaults 1e-4 and 1e-6).
     max_steps : int
         Step cap of an error-controlled solve (default 20,000); a solve that needs more returns
         ``-inf``.
