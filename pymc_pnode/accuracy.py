@@ -88,8 +88,9 @@ class SolverDiagnostics:
         advice = (f"Use step={self.suggested_step:.3g} or smaller, or step=None for error-controlled steps."
                   if self.suggested_step else "Use a smaller step, or step=None for error-controlled steps.")
         return (
-            f"{self.label}: the fixed step {self.step:g} misses the tolerances at {self.n_over_tolerance} and fails (-inf: non-finite, "
-            f"diverging or over max_steps) at {self.n_failed} of {self.n_evaluations} evaluations so far "
+            f"{self.label}: the fixed step {self.step:g} misses the tolerances at {self.n_over_tolerance} and "
+            f"fails (-inf: non-finite, diverging or over max_steps) at {self.n_failed} of {self.n_evaluations} "
+            f"evaluations so far "
             f"(largest scaled local error {self.max_error:.3g}; 1 = at tolerance). Where it misses them the "
             f"likelihood can be far from the exact one. {advice}"
         )

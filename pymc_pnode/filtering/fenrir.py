@@ -58,6 +58,7 @@ from pymc_pnode.filtering.odefilter import (
     preconditioner,
     predict_root,
     propose_step,
+    quadratic_form_inverse,
     transition_coefficients,
     update_sqrt,
 )
@@ -176,20 +177,13 @@ def _local_kappa_adjoint(kbar, rq, tvec, lin, zhat, q, d, work, zbar, jbar):
     (d, d); ``work`` is a :class:`~pymc_pnode.filtering.odefilter.LocalErrorWork`.
     """
     local_defect_covariance(rq, tvec, lin, q, d, work.hqh_root, work.hqh)
+    # Cholesky factor L of C in work.chol and L⁻¹ ẑ in work.tmp; then β = L⁻ᵀ (L⁻¹ ẑ) in place.
     chol = work.chol
-    for i in range(d):
-        for j in range(d):
-            chol[i, j] = work.hqh[i, j]
     beta = work.tmp
-    if not cholesky_inplace(chol, d):
+    if not math.isfinite(quadratic_form_inverse(work.hqh, zhat, d, chol, beta)):
         zbar[:] = 0.0
         jbar[:, :] = 0.0
         return
-    for i in range(d):  # β = L⁻ᵀ L⁻¹ ẑ
-        v = zhat[i]
-        for k in range(i):
-            v -= chol[i, k] * beta[k]
-        beta[i] = v / chol[i, i]
     for i in range(d - 1, -1, -1):
         v = beta[i]
         for k in range(i + 1, d):

@@ -268,7 +268,6 @@ def initial_step_size(rhs: VEC_FN, y0: np.ndarray, t0: float, p: np.ndarray, rto
     return 0.01 * d0 / d1
 
 
-
 @nb.njit(**JIT)
 def fixed_step_failed(
     h: float, mu_prev: np.ndarray, mu_pred: np.ndarray, mu_post: np.ndarray, f_post: np.ndarray, d: int

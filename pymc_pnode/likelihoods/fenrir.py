@@ -382,7 +382,9 @@ def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control
         raise ValueError("data contains no observed (non-NaN) values")
     if np.any(np.isinf(arr)):
         raise ValueError("data must be finite or NaN (missing); it contains ±inf")
-    return problem.with_missing(missing), np.where(missing, 0.0, arr), sigma
+    # A calibrated diffusion is computed by the kernel; the Op's κ input is then an unused placeholder.
+    kappa = pt.as_tensor_variable(diffusion if mode == DIFFUSION_FIXED else 1.0, dtype="float64")
+    return problem.with_missing(missing), np.where(missing, 0.0, arr), sigma, kappa
 
 
 def fenrir_loglik(
@@ -458,9 +460,8 @@ def fenrir_loglik(
         collapses.
     """
     control = StepControl(step, rtol, atol, max_steps)
-    problem, filled, sigma = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control,
-                                      "fenrir_loglik")
-    kappa = diffusion if diffusion_mode(diffusion) == DIFFUSION_FIXED else 1.0
+    problem, filled, sigma, kappa = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control,
+                                             "fenrir_loglik")
     terms = FenrirOp(problem)(ode.y0_tensor(y0), ode.theta_tensor(theta), pt.as_tensor_variable(filled), sigma,
                               kappa)
     return terms if pointwise else terms.sum()
@@ -545,11 +546,9 @@ def Fenrir(
         The observed variable.
     """
     control = StepControl(step, rtol, atol, max_steps)
-    problem, filled, sigma = _prepare(ode, times, observed, obs_matrix, obs_sigma, diffusion, solver, control,
-                                      f"Fenrir {name!r}")
+    problem, filled, sigma, kappa = _prepare(ode, times, observed, obs_matrix, obs_sigma, diffusion, solver, control,
+                                             f"Fenrir {name!r}")
     y0, theta = ode.y0_tensor(y0), ode.theta_tensor(theta)
-    kappa = pt.as_tensor_variable(diffusion if diffusion_mode(diffusion) == DIFFUSION_FIXED else 1.0,
-                                   dtype="float64")
     sigma_vec = sigma if sigma.ndim == 1 else sigma[None]
     op = FenrirOp(problem)
 
