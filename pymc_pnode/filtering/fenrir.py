@@ -205,6 +205,23 @@ def _local_kappa_adjoint(kbar, rq, tvec, lin, zhat, q, d, work, zbar, jbar):
 
 
 @nb.njit(**JIT)
+def _predict_and_linearise(rhs, jac_y, ek1, theta, t, a, q, d, mu_prev, mu_pred, xi, fx, jac, lin, zhat):
+    """Predicted mean ``μ⁻ = A μ`` and the EK0/EK1 linearisation at ``ξ = E0 μ⁻``: ``L`` (``lin``) and the
+    residual ``ẑ = E1 μ⁻ − f(ξ)``. ``jac`` keeps zeros for EK0."""
+    apply_transition(a, q, d, mu_prev, mu_pred)
+    for c in range(d):
+        xi[c] = mu_pred[c]
+    rhs(xi, t, theta, fx)
+    if ek1:
+        jac_y(xi, t, theta, jac)
+    for r_ in range(d):  # grown rows are uninitialised: write the zeros of EK0 too
+        for c in range(d):
+            lin[r_, c] = jac[r_, c]
+    for c in range(d):
+        zhat[c] = mu_pred[d + c] - fx[c]
+
+
+@nb.njit(**JIT)
 def _spd_inverse(s, n, inv, work):
     """``inv[:n, :n] = s[:n, :n]⁻¹`` by Cholesky; False if not positive definite."""
     for i in range(n):
@@ -514,10 +531,12 @@ def fenrir_kernel(q: int, d: int):
         ignores it: the filter runs at unit diffusion, ``κ̂ = Σ_n ẑ_nᵀ S_n⁻¹ ẑ_n / (N d)`` (the global
         quasi-MLE of Tronarp et al., 2019, Prop. 4; Bosch et al., 2021, eq. 16) rescales its
         covariances, and the gradient includes the path through ``κ̂`` (a second adjoint sweep of the
-        ODE filter with cotangent ``∂L/∂κ · ∂κ̂/∂stat``). ``LOCAL`` ignores it too: each step uses
-        its local quasi-MLE ``κ_n = ẑ_nᵀ (H_n Q(h_n) H_nᵀ)⁻¹ ẑ_n / d`` (Schober et al., 2019; Bosch
-        et al., 2021, eq. 21), differentiated through in the same adjoint sweep. In both calibrated
-        modes the κ entry of the gradient is zero.
+        ODE filter with cotangent ``∂L/∂κ · ∂κ̂/∂stat``). ``LOCAL`` ignores it too: a first pass at unit
+        diffusion (which also chooses the grid) gives each step's local quasi-MLE
+        ``κ_n = ẑ_nᵀ (H_n Q(h_n) H_nᵀ)⁻¹ ẑ_n / d`` (Schober et al., 2019; Bosch et al., 2021, eq. 21),
+        and a second pass runs the filter with ``κ_n Q(h_n)``; the gradient runs through both passes.
+        (Estimating κ_n inside the filter it scales makes the likelihood a rough function of θ.)
+        In both calibrated modes the κ entry of the gradient is zero.
 
         Every step's scaled local error estimate (:func:`~pymc_pnode.filtering.odefilter.local_error`
         at ``rtol``, ``atol``) is computed; its maximum over the grid is reported.
@@ -562,6 +581,7 @@ def fenrir_kernel(q: int, d: int):
         a_all = np.empty((cap, q + 1))
         t_all = np.empty((cap, q + 1))
         kap_all = np.empty(cap)  # the diffusion of the step ending at grid[n]
+        kap_loc = np.ones(cap)  # local calibration: κ_n from the unit-diffusion pass
         grid[0] = stops[0]
         obs_at[0] = stop_obs[0]
         coeffs = np.empty((q + 1, d))
@@ -605,7 +625,7 @@ def fenrir_kernel(q: int, d: int):
                     grow_rows(r_fa, cap)
                 lin, za, a_all, t_all = grow_rows(lin, cap), grow_rows(za, cap), grow_rows(a_all, cap), \
                     grow_rows(t_all, cap)
-                kap_all = grow_rows(kap_all, cap)
+                kap_all, kap_loc = grow_rows(kap_all, cap), grow_rows(kap_loc, cap)
             p = n + 1  # the slot of the step's results
             a = a_all[p]
             tvec = t_all[p]
@@ -615,17 +635,8 @@ def fenrir_kernel(q: int, d: int):
             else:
                 transition_coefficients(h_try, q, a)
                 preconditioner(h_try, q, tvec)
-            apply_transition(a, q, d, mu_fa[n], mu_pa[p])
-            for c in range(d):
-                xi[c] = mu_pa[p, c]
-            rhs(xi, t_new, theta, fx)
-            if ek1:
-                jac_y(xi, t_new, theta, jac)
-            for r_ in range(d):  # grown rows are uninitialised: write the zeros of EK0 too
-                for c in range(d):
-                    lin[p, r_, c] = jac[r_, c]
-            for c in range(d):
-                za[p, c] = mu_pa[p, d + c] - fx[c]
+            _predict_and_linearise(rhs, jac_y, ek1, theta, t_new, a, q, d, mu_fa[n], mu_pa[p], xi, fx, jac, lin[p],
+                                   za[p])
             err, local_kappa = local_error(rq, tvec, lin[p], za[p], h_try, mu_fa[n], mu_pa[p], rtol, atol, q, d,
                                            err_work)
             if adaptive:
@@ -636,7 +647,7 @@ def fenrir_kernel(q: int, d: int):
             max_err = max(max_err, err)
             kap_all[p] = kappa
             if local:
-                kap_all[p] = local_kappa if math.isfinite(local_kappa) and local_kappa > KAPPA_FLOOR else KAPPA_FLOOR
+                kap_loc[p] = local_kappa if math.isfinite(local_kappa) and local_kappa > KAPPA_FLOOR else KAPPA_FLOOR
             predict_root(r_fa[n], a, tvec, math.sqrt(kap_all[p]), rq, q, d, m_pred, r_pa[p])
             stat_sum += update_sqrt(r_pa[p], mu_pa[p], lin[p], za[p], q, d, m_upd, wvec, mu_fa[p], r_fa[p])
             if not (all_finite(mu_fa[p]) and all_finite(r_fa[p])):
@@ -676,6 +687,26 @@ def fenrir_kernel(q: int, d: int):
                         r_pa[n, r_, c] *= sqrt_kappa
                         r_fa[n, r_, c] *= sqrt_kappa
         info[1] = kappa
+        # Local calibration, second pass: the filter again over the grid with κ_n from the unit-diffusion
+        # pass. Computing κ_n inside the filter it scales (one pass) feeds each κ_n back into the next
+        # residuals; the likelihood then jumps by ~1e-3 nats under 1e-7 changes of θ and NUTS fails.
+        mu_pa1, r_pa1, r_fa1, lin1, za1 = mu_pa, r_pa, r_fa, lin, za
+        if local:
+            mu_fa1 = mu_fa
+            mu_pa, r_pa = np.empty((n_pts, dd)), np.empty((n_pts, dd, dd))
+            mu_fa, r_fa = np.empty((n_pts, dd)), np.empty((n_pts, dd, dd))
+            lin, za = np.zeros((n_pts, d, d)), np.empty((n_pts, d))
+            mu_fa[0] = mu_fa1[0]
+            r_fa[0] = 0.0
+            for p in range(1, n_pts):
+                kap_all[p] = kap_loc[p]
+                _predict_and_linearise(rhs, jac_y, ek1, theta, grid[p], a_all[p], q, d, mu_fa[p - 1], mu_pa[p], xi,
+                                       fx, jac, lin[p], za[p])
+                predict_root(r_fa[p - 1], a_all[p], t_all[p], math.sqrt(kap_all[p]), rq, q, d, m_pred, r_pa[p])
+                update_sqrt(r_pa[p], mu_pa[p], lin[p], za[p], q, d, m_upd, wvec, mu_fa[p], r_fa[p])
+                if not (all_finite(mu_fa[p]) and all_finite(r_fa[p])):
+                    info[4] = STATUS_NONFINITE
+                    return terms, grad, False, info, grid[:1]
 
         # ---------------------------------------------------------------- backward Kalman filter on data
         n_store = n_pts if want_grad else 1
@@ -793,8 +824,9 @@ def fenrir_kernel(q: int, d: int):
         # ---------------------------------------------------------------- reverse sweep, part 2:
         # adjoint of the ODE filter (backward in time). With global calibration a second sweep carries
         # the path through κ̂ = κ̂₀ Σ ẑᵀS_κ̂₀⁻¹ẑ / (N d): cotangent ∂L/∂κ · κ̂₀ / (N d) on every ẑᵀS⁻¹ẑ.
-        # With local calibration each step's κ_n(ẑ_n, L_n) is differentiated where its adjoint is
-        # complete: part 1's share plus ⟨Σ̄⁻_n, Q_n⟩ after the update's adjoint.
+        # With local calibration the first sweep collects each step's κ̄_n (part 1's share plus
+        # ⟨Σ̄⁻_n, Q_n⟩ after the update's adjoint) and the second sweep runs through the unit-diffusion
+        # pass, where κ_n(ẑ_n, L_n) was computed.
         sig_post = np.empty((dd, dd))
         cbar = np.empty(d)
         lbar = np.empty((d, d))
@@ -810,38 +842,53 @@ def fenrir_kernel(q: int, d: int):
         for c in range(d):
             nv[c] = 0.0
         w_stat = 0.0
-        for sweep in range(2 if calibrate and n_pts > 1 and kappa > KAPPA_FLOOR else 1):
+        kbar_local = np.zeros(n_pts)
+        sig_cur = np.empty((dd, dd))
+        n_sweeps = 2 if n_pts > 1 and ((calibrate and kappa > KAPPA_FLOOR) or local) else 1
+        for sweep in range(n_sweeps):
+            # the filter this sweep differentiates: the data's, or (local, second sweep) the unit pass
+            s_mu_pa, s_r_pa, s_r_fa, s_lin, s_za = mu_pa, r_pa, r_fa, lin, za
             if sweep == 0:
                 mbar_a = inj_mu[n_pts - 1].copy()
                 sbar_a = inj_sig[n_pts - 1].copy()
             else:
-                w_stat = -2.0 * grad[kdir] * kappa / ((n_pts - 1) * d)
+                if calibrate:
+                    w_stat = -2.0 * grad[kdir] * kappa / ((n_pts - 1) * d)
+                else:
+                    s_mu_pa, s_r_pa, s_r_fa, s_lin, s_za = mu_pa1, r_pa1, r_fa1, lin1, za1
                 mbar_a = np.zeros(dd)
                 sbar_a = np.zeros((dd, dd))
             for n in range(n_pts - 1, 0, -1):
                 t = grid[n]
                 for c in range(d):
-                    xi[c] = mu_pa[n, c]
+                    xi[c] = s_mu_pa[n, c]
                 hm[:, :] = 0.0
                 for r_ in range(d):
                     hm[r_, d + r_] = 1.0
                     for c in range(d):
-                        hm[r_, c] = -lin[n, r_, c]
+                        hm[r_, c] = -s_lin[n, r_, c]
                 if ek1:
-                    matmul_tn(r_fa[n], r_fa[n], sig_post)
-                if not _update_adjoint(sig_pa[n], sig_post, hm, d, nv, za[n], mu_pa[n], w_stat, 0.0, mbar_a,
+                    matmul_tn(s_r_fa[n], s_r_fa[n], sig_post)
+                if sweep == 0:
+                    sig_cur[:, :] = sig_pa[n]
+                else:
+                    matmul_tn(s_r_pa[n], s_r_pa[n], sig_cur)
+                if not _update_adjoint(sig_cur, sig_post, hm, d, nv, s_za[n], s_mu_pa[n], w_stat, 0.0, mbar_a,
                                        sbar_a, ek1, hbar, rbar, sdiag, wk, wm, wv):
                     return terms, grad, False, info, grid[:1]
                 a = a_all[n]
                 tvec = t_all[n]
                 kbar_n = _noise_inner(sbar_a, rq, tvec, q, d) if sweep == 0 else 0.0
-                if local and kap_all[n] > KAPPA_FLOOR:
-                    # κ_n = ẑᵀ(H Q Hᵀ)⁻¹ẑ / d with ẑ = E1 μ⁻ − f(ξ): ẑ̄ and L̄ join the linearisation's.
-                    _local_kappa_adjoint(kbar_step[n] + kbar_n, rq, tvec, lin[n], za[n], q, d, err_work, zbar, jbar)
-                else:
+                zbar[:] = 0.0
+                jbar[:, :] = 0.0
+                if not local:
                     grad[kdir] += kbar_n
-                    zbar[:] = 0.0
-                    jbar[:, :] = 0.0
+                elif sweep == 0:
+                    kbar_local[n] = kbar_step[n] + kbar_n
+                elif kap_loc[n] > KAPPA_FLOOR:
+                    # κ_n = ẑᵀ(H Q Hᵀ)⁻¹ẑ / d with ẑ = E1 μ⁻ − f(ξ) of the unit pass: ẑ̄ and L̄ join its
+                    # linearisation's adjoint.
+                    _local_kappa_adjoint(kbar_local[n], rq, tvec, s_lin[n], s_za[n], q, d, err_work, zbar, jbar)
                 # Linearisation: H = E1 − L E0 and c = −f(ξ) + L ξ, with ξ = E0 μ⁻.
                 for c in range(d):
                     cbar[c] = rbar[c]
@@ -861,7 +908,7 @@ def fenrir_kernel(q: int, d: int):
                     for e in range(d):
                         s = 0.0
                         for r_ in range(d):
-                            s -= lin[n, r_, e] * zbar[r_]
+                            s -= s_lin[n, r_, e] * zbar[r_]
                             for c in range(d):
                                 s += lbar[r_, c] * hyy[r_, c, e]
                         xbar[e] = s

@@ -201,12 +201,17 @@ def local_error(
 def propose_step(t: float, h: float, target: float, n_steps: int, max_steps: int) -> tuple[float, bool, int]:
     """The next trial step from ``t`` with proposal ``h``, shortened to land exactly on ``target``.
 
+    When ``h`` would stop short of ``target`` by less than ``h``, the remaining distance is split into
+    two equal steps: a sliver of a step before a stop (1e-8, say) makes the filter's covariances
+    ill-conditioned and its likelihood wrong.
+
     Returns ``(h_try, hit_stop, status)``; ``status`` is ``STATUS_MAX_STEPS`` after ``max_steps``
     accepted steps and ``STATUS_STEP_TOO_SMALL`` when the step has collapsed to rounding level.
     A fixed grid is walked with ``h = inf`` (every step lands on the next grid point).
     """
-    hit_stop = t + h >= target - 1e-12 * max(1.0, abs(target))
-    h_try = target - t if hit_stop else h
+    remaining = target - t
+    hit_stop = h >= remaining - 1e-12 * max(1.0, abs(target))
+    h_try = remaining if hit_stop else min(h, 0.5 * remaining)
     if n_steps >= max_steps:
         return h_try, hit_stop, STATUS_MAX_STEPS
     if not (h_try > 1e-14 * max(1.0, abs(t))):

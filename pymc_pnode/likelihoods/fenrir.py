@@ -33,6 +33,9 @@ __all__ = ["Fenrir", "FenrirProblem", "StepControl", "fenrir_diagnostics", "fenr
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-6
 DEFAULT_MAX_STEPS = 20_000
+# Closest allowed stops (t0 and observation times), relative to the time span: a step ~1e-8 of the span
+# after one ~1e-2 makes the filter's covariances ill-conditioned (likelihoods off by hundreds of nats).
+MIN_RELATIVE_GAP = 1e-6
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,12 @@ class FenrirProblem:
         if n_sigma not in (1, m):
             raise ValueError(f"obs_sigma must be a scalar or have length {m}, got length {n_sigma}")
         stops = np.union1d([ode.t0], times)
+        gaps = np.diff(stops)
+        if gaps.size and gaps.min() < MIN_RELATIVE_GAP * (stops[-1] - stops[0]):
+            i = int(np.argmin(gaps))
+            raise ValueError(f"times (with t0={ode.t0}) has two entries only {gaps[i]:.3g} apart ({float(stops[i])!r} and "
+                             f"{float(stops[i + 1])!r}), less than {MIN_RELATIVE_GAP:g} of the time span: the ODE filter "
+                             f"cannot step between them accurately; merge or average such observations")
         if control.adaptive:
             grid = stops
         else:
