@@ -46,6 +46,7 @@ def main():
             sigma = pm.HalfNormal("sigma", 0.5)
             pn.Fenrir("V", ode, y0=y0, theta=theta, times=times, observed=data, obs_matrix=[[1.0, 0.0]],
                       obs_sigma=sigma, **kwargs)
+            model.compile_logp()(model.initial_point())  # numba compiles the kernel here, not in the timing
             start = time.perf_counter()
             idata = pm.sample(draws=100, tune=100, chains=1, cores=1, nuts_sampler="nutpie", progressbar=False,
                               random_seed=1)

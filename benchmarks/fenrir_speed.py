@@ -473,7 +473,8 @@ def main() -> None:
     if not args.skip_timing:
         rows = timing_table(data, args.steps, args.repeats, peer)
         print(f"\nFenrir log-likelihood, FitzHugh–Nagumo, {TIMES.size} observations of y1, IWP({ORDER}), "
-              f"EK1; median of {args.repeats} calls, the implementations taking turns; gradient with respect to y0, theta, sigma. "
+              f"EK1; median of {args.repeats} calls, the implementations taking turns; "
+              f"gradient with respect to y0, theta, sigma. "
               f"Load average at the end: {load_avg()}\n")
         print("| step | steps | implementation | logp [ms] | logp+grad [ms] | logp+grad min [ms] | first call [s] | "
               "logp | grad vs central diff. (rel.) |\n" + "| --- " * 9 + "|")

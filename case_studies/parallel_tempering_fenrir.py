@@ -22,7 +22,6 @@ two-parameter comparison quoted in ``docs/parallel_tempering.md``
 from __future__ import annotations
 
 import time
-
 from dataclasses import dataclass
 
 import arviz as az
@@ -31,12 +30,10 @@ import pandas as pd
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
-
 from scipy.integrate import solve_ivp
 from scipy.stats import truncnorm
 
 import pymc_pnode as pn
-
 from pymc_pnode.sampling import ParallelTempering, diffusion_ladder, label_replica_dims
 
 __all__ = [

@@ -19,11 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-import numba as nb
 from numba import types as nbt
 from pytensor.graph.basic import Constant, Variable
-from pytensor.graph.replace import clone_replace
 from pytensor.graph.fg import FunctionGraph
+from pytensor.graph.replace import clone_replace
 from pytensor.graph.rewriting.utils import rewrite_graph
 
 CODEGEN_VERSION = "3"

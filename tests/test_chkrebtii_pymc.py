@@ -180,7 +180,7 @@ def test_posterior_checks_fail_with_mutated_likelihood(calibration, calibration_
 
 def test_algorithm2_compounds_with_nuts_and_pickles(calibration):
     ode, times, data = calibration
-    with pm.Model() as model:
+    with pm.Model():
         k = pm.LogNormal("k", 0.0, 0.5)
         u = ChkrebtiiSolution("u", ode, y0=[1.0], theta=pt.stack([k]), t_span=(0.0, 3.0), n_grid=16,
                               alpha=200.0, lam=0.4, times=times, output="mean")
@@ -198,7 +198,7 @@ def test_algorithm2_compounds_with_nuts_and_pickles(calibration):
 def test_algorithm2_random_walks_alpha_and_lam(calibration):
     # Issue 4: Algorithm 2 proposes theta "and alpha, lam"; a random lam recomputes the structure.
     ode, times, data = calibration
-    with pm.Model() as model:
+    with pm.Model():
         k = pm.LogNormal("k", 0.0, 0.5)
         alpha = pm.LogNormal("alpha", np.log(200.0), 0.5)
         lam = pm.LogNormal("lam", np.log(0.4), 0.3)

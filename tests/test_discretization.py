@@ -99,7 +99,7 @@ def test_diverging_solve_gives_minus_inf_logp_and_finite_gradient():
 
 def test_nuts_samples_without_divergences(decay_ode):
     data = _decay_data()
-    with pm.Model() as model:
+    with pm.Model():
         k = pm.LogNormal("k", 0.0, 0.5, shape=1)
         y0 = pm.Normal("y0", 2.0, 0.5, shape=1)
         DiscretizationErrorNormal("y", decay_ode, y0=y0, theta=k, times=TIMES, observed=data,

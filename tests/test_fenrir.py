@@ -9,7 +9,12 @@ from scipy.integrate import solve_ivp
 from scipy.stats import multivariate_normal, norm
 
 import pymc_pnode as pn
-from tests.conftest import LIKELIHOOD_MUTATIONS, fitzhugh_nagumo, assert_gradient_matches_central_differences, scale_likelihood
+from tests.conftest import (
+    LIKELIHOOD_MUTATIONS,
+    assert_gradient_matches_central_differences,
+    fitzhugh_nagumo,
+    scale_likelihood,
+)
 from tests.test_solve import _dense_batch_posterior
 
 

@@ -12,7 +12,6 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 
-from tests.conftest import LIKELIHOOD_MUTATIONS, scale_likelihood
 from pymc_pnode.sampling import (
     HamiltonianMove,
     ParallelTempering,
@@ -22,6 +21,7 @@ from pymc_pnode.sampling import (
 )
 from pymc_pnode.sampling.ladder import LadderAdapter, validate_betas
 from pymc_pnode.sampling.swaps import RoundTripCounter, select_swap_pairs
+from tests.conftest import LIKELIHOOD_MUTATIONS, scale_likelihood
 
 SAMPLE_KW = {"progressbar": False, "compute_convergence_checks": False}
 
@@ -288,7 +288,7 @@ def test_random_pair_scheme_attempts_one_pair(conjugate_model: pm.Model) -> None
 
 
 def test_non_finite_logp_is_rejected_not_fatal() -> None:
-    with pm.Model() as model:
+    with pm.Model():
         x = pm.Normal("x", 0.0, 1.0)
         # NaN density for x > 1 (e.g. a failed ODE solve) must act like zero density.
         pm.Potential("nan_region", pt.switch(pt.gt(x, 1.0), np.nan, 0.0))
@@ -330,7 +330,7 @@ def _squared_mean_exact() -> dict[str, float]:
 
 def test_shared_variable_ladder_samples_cold_posterior() -> None:
     sigma = pytensor.shared(SIGMA_COLD, name="sigma")
-    with pm.Model() as model:
+    with pm.Model():
         mu = pm.Normal("mu", SQ_PRIOR_MU, SQ_PRIOR_SD)
         # y depends on mu^2: modes near mu = +-2, ~30 sd apart at the cold noise level,
         # which a local sampler cannot connect; a noise sd of 8 connects them.

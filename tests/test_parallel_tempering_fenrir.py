@@ -18,19 +18,17 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 import pytest
-
 from scipy.integrate import solve_ivp
 from scipy.stats import truncnorm
 
 import pymc_pnode as pn
-
-from tests.conftest import LIKELIHOOD_MUTATIONS, scale_likelihood
 from pymc_pnode.sampling import (
     ParallelTempering,
     diffusion_ladder,
     geometric_diffusions,
     sample_pt,
 )
+from tests.conftest import LIKELIHOOD_MUTATIONS, scale_likelihood
 
 SAMPLE_KW = {"progressbar": False, "compute_convergence_checks": False}
 

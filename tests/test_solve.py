@@ -304,7 +304,8 @@ def test_diverging_solve_is_reported_not_raised(blowup_ode):
     assert sol.stats["message"]
 
 
-@pytest.mark.parametrize("solver", [pn.EK1(order=3), pn.EK0(order=3), pn.EK1(order=5)], ids=["EK1-q3", "EK0-q3", "EK1-q5"])
+@pytest.mark.parametrize("solver", [pn.EK1(order=3), pn.EK0(order=3), pn.EK1(order=5)],
+                         ids=["EK1-q3", "EK0-q3", "EK1-q5"])
 @pytest.mark.parametrize("step", [0.01, 0.1])
 def test_fixed_step_solve_across_a_pole_reports_failure(blowup_ode, solver, step):
     # Before the fixed-step failure test, EK1(3) with step 0.01 walked past the pole at t = 1 and

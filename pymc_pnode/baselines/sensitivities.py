@@ -262,7 +262,7 @@ def integrate(
     system = _AugmentedSystem(ode, theta, wrt_y0, wrt_theta, int(max_nfev))
     if method in IMPLICIT_METHODS and system.c > 0:
         ode.hess_yy  # compile the Hessians before timing-sensitive use  # noqa: B018
-    d, c = system.d, system.c
+    d = system.d
     n_out = times.size
     if times[-1] == t0:
         # Degenerate span: the only output is the initial condition.

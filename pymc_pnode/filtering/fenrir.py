@@ -541,8 +541,8 @@ def fenrir_kernel(q: int, d: int):
         Every step's scaled local error estimate (:func:`~pymc_pnode.filtering.odefilter.local_error`
         at ``rtol``, ``atol``) is computed; its maximum over the grid is reported.
 
-        Returns ``(terms, grad, ok, info, grid)`` with the solver grid and ``info = [largest scaled local error of an accepted
-        step, κ used, accepted steps, rejected steps, status]`` (status codes of ``odefilter``);
+        Returns ``(terms, grad, ok, info, grid)`` with the solver grid and ``info = [largest scaled local
+        error of an accepted step, κ used, accepted steps, rejected steps, status]`` (status codes of ``odefilter``);
         ``ok`` is False when the solve failed: non-finite values, a fixed step that fails
         :func:`~pymc_pnode.filtering.odefilter.fixed_step_failed`, ``max_steps`` reached or a
         collapsing step.

@@ -18,11 +18,11 @@ from pymc_pnode.filtering.linalg import (
     JIT,
     all_finite,
     cholesky_inplace,
+    compile_on_first_use,
     copy_transposed,
     solve_lower,
     tria_cols_inplace,
 )
-
 
 DIFFUSION_FIXED = 0
 DIFFUSION_GLOBAL = 1
@@ -392,7 +392,7 @@ def grow_rows(arr: np.ndarray, cap: int) -> np.ndarray:
 
 
 # Explicit signature: the vector field arrives as a first-class function type, so this kernel is
-# compiled (and cached on disk) once for every ODE instead of once per ODE.
+# compiled (and cached on disk) once for every ODE instead of once per ODE — at its first call, not at import.
 _RUN_FILTER_SIG = (
     VEC_FN, MAT_FN, nb.float64[::1], nb.float64[::1], nb.int64, nb.int64, nb.float64[:, ::1],
     nb.boolean, nb.int64, nb.float64, nb.boolean, nb.float64[::1], nb.float64, nb.float64,
@@ -400,7 +400,7 @@ _RUN_FILTER_SIG = (
 )
 
 
-@nb.njit(_RUN_FILTER_SIG, **JIT)
+@compile_on_first_use(_RUN_FILTER_SIG, **JIT)
 def run_filter(
     rhs: VEC_FN,
     jac_y: MAT_FN,

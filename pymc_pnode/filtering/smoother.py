@@ -17,8 +17,8 @@ from pymc_pnode.filtering.linalg import JIT, copy_transposed, solve_upper, tria_
 from pymc_pnode.filtering.odefilter import (
     apply_transition,
     fill_predict_stack,
-    predict_root,
     preconditioner,
+    predict_root,
     transition_coefficients,
 )
 
@@ -73,7 +73,8 @@ def backward_kernel(
 
 @nb.njit(**JIT)
 def push_through_kernel(
-    g: np.ndarray, dvec: np.ndarray, lam: np.ndarray, mu: np.ndarray, r: np.ndarray, mu_out: np.ndarray, r_out: np.ndarray
+    g: np.ndarray, dvec: np.ndarray, lam: np.ndarray, mu: np.ndarray, r: np.ndarray, mu_out: np.ndarray,
+    r_out: np.ndarray,
 ) -> None:
     """Marginal of ``G x + dvec + noise(lam)`` for ``x ~ N(mu, r^T r)``."""
     dd = mu.shape[0]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -75,7 +75,8 @@ class FenrirProblem:
     Built by :func:`fenrir_loglik` and :func:`Fenrir` from validated user input. ``grid`` is the
     fixed grid (or, with error control, the stops: ``t0`` and the observation times) and
     ``obs_at[n]`` the observation at ``grid[n]`` (or -1). ``diffusion_mode``: a fixed diffusion
-    (an input of the Op) or one calibrated at every evaluation (``odefilter.DIFFUSION_*``). ``diagnostics`` counts this process's evaluations.
+    (an input of the Op) or one calibrated at every evaluation (``odefilter.DIFFUSION_*``).
+    ``diagnostics`` counts this process's evaluations.
     """
 
     ode: ODE
@@ -117,9 +118,10 @@ class FenrirProblem:
         gaps = np.diff(stops)
         if gaps.size and gaps.min() < MIN_RELATIVE_GAP * (stops[-1] - stops[0]):
             i = int(np.argmin(gaps))
-            raise ValueError(f"times (with t0={ode.t0}) has two entries only {gaps[i]:.3g} apart ({float(stops[i])!r} and "
-                             f"{float(stops[i + 1])!r}), less than {MIN_RELATIVE_GAP:g} of the time span: the ODE filter "
-                             f"cannot step between them accurately; merge or average such observations")
+            raise ValueError(f"times (with t0={ode.t0}) has two entries only {gaps[i]:.3g} apart "
+                             f"({float(stops[i])!r} and {float(stops[i + 1])!r}), less than {MIN_RELATIVE_GAP:g} of "
+                             f"the time span: the ODE filter cannot step between them accurately; merge or average "
+                             f"such observations")
         if control.adaptive:
             grid = stops
         else:

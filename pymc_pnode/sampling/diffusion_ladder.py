@@ -18,11 +18,9 @@ This module builds such ladders; the sampler itself treats them like any other
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import numpy as np
-
 from pytensor.compile.sharedvalue import SharedVariable
 
 from pymc_pnode.sampling.ladder import validate_n_replicas

@@ -10,7 +10,6 @@ passed in on every call, which keeps them cheap to copy and to pickle.
 from __future__ import annotations
 
 import copy
-
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import copy
 import warnings
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
 from pymc.blocking import RaveledVars, StatsType
 from pymc.exceptions import SamplingError
 from pymc.model import modelcontext
@@ -26,9 +24,9 @@ from pymc_pnode.sampling.ladder import (
     DEFAULT_BETA_MIN,
     DEFAULT_N_REPLICAS,
     LadderAdapter,
-    validate_n_replicas,
     geometric_betas,
     validate_betas,
+    validate_n_replicas,
 )
 from pymc_pnode.sampling.moves import MoveSpec, ReplicaMove, make_replica_moves
 from pymc_pnode.sampling.shared_ladder import SharedLadder

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import inspect
-
 from typing import Any
 
 import arviz as az
 import pymc as pm
-
 from pymc.model import Model, modelcontext
 
 from pymc_pnode.sampling.parallel_tempering import ParallelTempering

@@ -10,12 +10,10 @@ reported draws are conditioned on.
 from __future__ import annotations
 
 import warnings
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
 from pymc.model import Model
 from pytensor.compile.sharedvalue import SharedVariable
 

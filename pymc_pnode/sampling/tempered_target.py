@@ -16,7 +16,6 @@ input so that each replica can pass its own value.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,6 @@ from typing import Any
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
-
 from pymc.model import Model
 from pymc.pytensorf import (
     compile as compile_pymc,
