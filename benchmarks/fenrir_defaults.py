@@ -8,7 +8,9 @@
    diffusion, and at fixed steps with a fixed diffusion 1.
 2. Cost on FitzHugh–Nagumo (the problem of ``benchmarks/fenrir_speed.py``: y1 observed at 1.0, 1.1, …, 20.0,
    noise sd 0.1, IWP(3), EK1): logp + gradient of the defaults beside fixed steps, with each one's
-   log-likelihood error at the true parameters; medians over repeated calls taking turns.
+   log-likelihood error at the true parameters; medians over repeated calls taking turns. With JAX and
+   probdiffeq importable (the ``bench`` extra, or a separate environment that also sees this package), the
+   peer's jitted fixed-step ``value_and_grad`` takes turns in the same loop.
 
 Run: ``python benchmarks/fenrir_defaults.py [--repeats 41]``; prints Markdown tables for ``docs/benchmarks.md``.
 """
@@ -29,6 +31,7 @@ from scipy.integrate import solve_ivp
 from scipy.stats import norm
 
 import pymc_pnode as pn
+from pymc_pnode.solve import fixed_grid
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from test_fenrir_defaults import CASES  # noqa: E402  (the same ODEs and boxes as the tests)
@@ -91,7 +94,7 @@ def accuracy_table() -> list[str]:
 
 def cost_table(repeats: int) -> list[str]:
     sys.path.insert(0, os.path.dirname(__file__))
-    from fenrir_speed import SIGMA, THETA, TIMES, Y0, fhn, simulate_data
+    from fenrir_speed import SIGMA, THETA, TIMES, Y0, fhn, load_peer, probdiffeq_functions, simulate_data
 
     ode = pn.ODE(fhn, n_states=2, n_theta=3)
     data = np.asarray(simulate_data(20240521)).reshape(-1, 1)
@@ -99,7 +102,7 @@ def cost_table(repeats: int) -> list[str]:
     exact = norm.logpdf(data[:, 0], ref[:, 0], SIGMA).sum()
     variants = {"defaults (rtol 1e-4, local κ)": {}, "rtol 1e-3, local κ": dict(rtol=1e-3, atol=1e-5),
                 "rtol 1e-6, local κ": dict(rtol=1e-6, atol=1e-8)}
-    for step in (0.1, 0.05, 0.02, 0.01):
+    for step in (0.1, 0.05, 0.035, 0.02, 0.01):
         variants[f"fixed step {step}, κ = 1"] = dict(step=step, diffusion=1.0)
     fns = {}
     for label, kwargs in variants.items():
@@ -109,11 +112,20 @@ def cost_table(repeats: int) -> list[str]:
         problem = [v for v in both.maker.fgraph.toposort() if hasattr(v.op, "problem")][0].op.problem
         grid = problem.solver_grid(Y0, THETA, data, SIGMA)
         fns[label] = (both, value, grid.size - 1)
+    calls = {label: (lambda both=both: both(THETA)) for label, (both, _, _) in fns.items()}
+    peer = load_peer()  # probdiffeq (the `bench` extra), fixed steps with diffusion 1, if importable
+    for step in (0.05, 0.02) if peer is not None else ():
+        label = f"probdiffeq, fixed step {step}, κ = 1 (jax.jit value_and_grad)"
+        value, value_grad, _ = probdiffeq_functions(peer, data[:, 0], step)
+        x = np.concatenate([Y0, THETA, [SIGMA]])
+        n_steps = fixed_grid(np.union1d([0.0], TIMES), step).size - 1  # the peer's grid is ours
+        fns[label] = (None, value(x), n_steps)
+        calls[label] = lambda value_grad=value_grad, x=x: value_grad(x)
     times = {label: [] for label in fns}
     for _ in range(repeats):  # implementations take turns, call by call
-        for label, (both, _, _) in fns.items():
+        for label, call in calls.items():
             t0 = time.perf_counter()
-            both(THETA)
+            call()
             times[label].append(time.perf_counter() - t0)
     rows = ["| Fenrir | steps | logp+grad median [ms] | min [ms] | log-likelihood error at the truth [nats] |",
             "| --- | --- | --- | --- | --- |"]
