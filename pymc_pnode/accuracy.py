@@ -4,13 +4,41 @@ A likelihood evaluated with a fixed step is only as accurate as the step is fine
 values the sampler visits. Every evaluation computes the filter's own local error estimate
 (:func:`pymc_pnode.filtering.odefilter.local_error`); :class:`SolverDiagnostics` counts what happened
 and warns, once per likelihood and process, when the step is too coarse.
+
+Counts made in other processes (the chains of ``pm.sample(cores>1)``) reach the process that built the
+model through small spool files: a copy of the counts that arrives in another process by pickling starts
+from zero and writes its own counts to ``<tempdir>/pymc_pnode_counts/<key>.<pid>.json`` (at most every
+0.5 s, and when the process exits); :meth:`SolverDiagnostics.merged` adds them up.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import dataclasses
+import glob
+import json
 import math
+import multiprocessing.util
+import os
+import tempfile
+import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
+
+_SPOOL_DIR = os.path.join(tempfile.gettempdir(), "pymc_pnode_counts")
+_FLUSH_INTERVAL = 0.5  # seconds between a worker's spool-file updates
+_COUNTS = ("n_evaluations", "n_steps", "n_rejected", "n_over_tolerance", "n_failed")
+_SHARED_KEYS: set[str] = set()  # keys of counts pickled by this process
+
+
+@atexit.register
+def _remove_spool_files() -> None:
+    for key in _SHARED_KEYS:
+        for path in glob.glob(os.path.join(_SPOOL_DIR, f"{key}.*.json")):
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
 __all__ = ["AccuracyWarning", "SolverDiagnostics"]
 
@@ -56,6 +84,50 @@ class SolverDiagnostics:
     n_failed: int = 0
     max_error: float = 0.0
     _warned: bool = field(default=False, repr=False)
+    key: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
+    _owner_pid: int = field(default_factory=os.getpid, repr=False)
+    _last_flush: float = field(default=0.0, repr=False)
+
+    def __getstate__(self) -> dict:
+        if os.getpid() == self._owner_pid:
+            _SHARED_KEYS.add(self.key)  # copies elsewhere may write spool files: remove them at exit
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if os.getpid() != self._owner_pid:  # a copy in another process counts from zero, into its spool file
+            for name in _COUNTS:
+                setattr(self, name, 0)
+            self.max_error = 0.0
+            self._last_flush = 0.0
+            multiprocessing.util.Finalize(None, self.flush, exitpriority=10)
+
+    def flush(self) -> None:
+        """Write this process's counts to its spool file (copies in other processes only)."""
+        if os.getpid() == self._owner_pid or self.n_evaluations == 0:
+            return
+        os.makedirs(_SPOOL_DIR, exist_ok=True)
+        path = os.path.join(_SPOOL_DIR, f"{self.key}.{os.getpid()}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({name: getattr(self, name) for name in (*_COUNTS, "max_error")}, f)
+        os.replace(path + ".tmp", path)
+        self._last_flush = time.monotonic()
+
+    def merged(self) -> "SolverDiagnostics":
+        """These counts plus those that copies in other processes have written (a snapshot)."""
+        total = dataclasses.replace(self)
+        for path in glob.glob(os.path.join(_SPOOL_DIR, f"{self.key}.*.json")):
+            if path.endswith(f".{os.getpid()}.json"):
+                continue
+            try:
+                with open(path) as f:
+                    other = json.load(f)
+            except (OSError, ValueError):  # being replaced right now; its next version will be read
+                continue
+            for name in _COUNTS:
+                setattr(total, name, getattr(total, name) + int(other[name]))
+            total.max_error = max(total.max_error, float(other["max_error"]))
+        return total
 
     @property
     def suggested_step(self) -> float | None:
@@ -70,6 +142,8 @@ class SolverDiagnostics:
         self.n_evaluations += 1
         self.n_steps += int(n_steps)
         self.n_rejected += int(n_rejected)
+        if os.getpid() != self._owner_pid and time.monotonic() - self._last_flush > _FLUSH_INTERVAL:
+            self.flush()
         if failed:
             self.n_failed += 1
             if self.step is None:  # error control fails only without a solution over the span (or at max_steps)

@@ -556,6 +556,13 @@ def test_nutpie_posterior_matches_exact_likelihood(fhn_ode, fhn_fit_data, fhn_ex
 def test_default_fenrir_posterior_matches_exact_likelihood_with_multiprocess_chains(fhn_ode, fhn_fit_data,
                                                                                    fhn_exact_posterior):
     times, data = fhn_fit_data
-    idata = _sample_fenrir_posterior(_fhn_model(fhn_ode, times, data, "fenrir-defaults"), cores=2)
+    model = _fhn_model(fhn_ode, times, data, "fenrir-defaults")
+    in_process = pn.fenrir_diagnostics(model)["V"].n_evaluations  # the check before sampling
+    idata = _sample_fenrir_posterior(model, cores=2)
     _check_posterior(idata, fhn_exact_posterior)
     assert int(idata.sample_stats["diverging"].sum()) == 0
+    # the chains' evaluations, counted in the worker processes, reach this one
+    counts = pn.fenrir_diagnostics(model)["V"]
+    n_gradients = int(idata.sample_stats["n_steps"].sum())  # leapfrog steps of the kept draws
+    assert counts.n_evaluations >= in_process + n_gradients and counts.n_failed == 0
+    assert counts.n_steps > 10 * counts.n_evaluations  # error control took steps in every evaluation

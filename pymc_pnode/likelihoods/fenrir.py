@@ -601,8 +601,10 @@ _N_PRIOR_CHECKS = 20
 def fenrir_diagnostics(model: pm.Model | None = None) -> dict[str, SolverDiagnostics]:
     """Accuracy counts of every :func:`Fenrir` likelihood of ``model`` (default: the model in context).
 
-    The counts cover the evaluations run in this process (``pm.sample(cores=1)``, ``pm.find_MAP``,
-    :func:`~pymc_pnode.fit`, compiled functions); chains sampled in other processes warn there.
+    The counts cover the evaluations run in this process (``pm.sample(cores=1)``, nutpie, ``pm.find_MAP``,
+    :func:`~pymc_pnode.fit`, compiled functions) and those of chains sampled in other processes
+    (``pm.sample(cores>1)``), which report through spool files (see :mod:`pymc_pnode.accuracy`; the last
+    half second of a worker's counts arrives when it exits).
 
     Returns
     -------
@@ -611,7 +613,7 @@ def fenrir_diagnostics(model: pm.Model | None = None) -> dict[str, SolverDiagnos
         tolerance, failed (``-inf``) solves, the largest scaled local error and a suggested step.
     """
     model = pm.modelcontext(model)
-    return dict(_DIAGNOSTICS.get(model, {}))
+    return {name: counts.merged() for name, counts in _DIAGNOSTICS.get(model, {}).items()}
 
 
 def _check_accuracy_before_sampling(model, problem: FenrirProblem, filled, parameters) -> None:
