@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 
+from pymc_pnode import _numba_cache  # noqa: F401  (first: numba's cache keyed on all our sources)
 from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
 from pymc_pnode.solve import EK0, EK1, ProbabilisticSolution, solve

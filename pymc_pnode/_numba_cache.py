@@ -1,0 +1,46 @@
+"""numba's disk cache for this package's kernels, keyed on all of its source files.
+
+numba invalidates a cached function when *its own* source file changes (modification time and size). The kernels
+here inline helpers from other modules (``filtering.linalg.JIT`` has ``forceinline``), so an edited helper in
+``odefilter.py`` would leave a stale Fenrir kernel from ``fenrir.py`` in the cache: old code, silently. For
+functions defined in this package the source stamp is therefore that of the whole package (latest modification
+time, total size of its ``.py`` files). Imported first by ``pymc_pnode/__init__.py``, before any kernel is
+decorated; functions outside the package keep numba's own locators.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from numba.core import caching
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _package_stamp() -> tuple[float, int]:
+    stats = [path.stat() for path in _PACKAGE_DIR.rglob("*.py")]
+    return max(st.st_mtime for st in stats), sum(st.st_size for st in stats)
+
+
+_STAMP = _package_stamp()
+
+
+class _PackageStamp:
+    """Mixin for numba's source-file-backed cache locators: the package's stamp, for the package's files."""
+
+    def get_source_stamp(self):
+        return _STAMP
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not Path(py_file).resolve().is_relative_to(_PACKAGE_DIR):
+            return None
+        return super().from_function(py_func, py_file)
+
+
+_LOCATORS = [
+    type(f"Package{base.__name__}", (_PackageStamp, base), {})
+    for base in (caching.UserProvidedCacheLocator, caching.InTreeCacheLocator, caching.UserWideCacheLocator)
+]
+if not any(issubclass(cls, _PackageStamp) for cls in caching.CacheImpl._locator_classes):
+    caching.CacheImpl._locator_classes[:0] = _LOCATORS

@@ -1,0 +1,35 @@
+"""numba's disk cache of this package's kernels is keyed on all of the package's sources."""
+
+import inspect
+
+from numba.core import caching
+
+from pymc_pnode import _numba_cache
+from pymc_pnode.filtering.odefilter import propose_step
+
+
+def _locator(func):
+    py_file = inspect.getfile(func)
+    for cls in caching.CacheImpl._locator_classes:
+        locator = cls.from_function(func, py_file)
+        if locator is not None:
+            return locator
+    return None
+
+
+def test_package_kernels_are_stamped_with_every_package_source():
+    # an inlined helper edited in another module (e.g. propose_step into the Fenrir kernel) must invalidate the kernel
+    locator = _locator(propose_step.py_func)
+    assert isinstance(locator, _numba_cache._PackageStamp)
+    newest, total = locator.get_source_stamp()
+    files = list(_numba_cache._PACKAGE_DIR.rglob("*.py"))
+    assert len(files) > 20 and total == sum(f.stat().st_size for f in files)
+    assert newest == max(f.stat().st_mtime for f in files)
+
+
+def test_functions_outside_the_package_keep_numbas_own_stamp():
+    def outside(x):
+        return x + 1
+
+    locator = _locator(outside)
+    assert locator is not None and not isinstance(locator, _numba_cache._PackageStamp)
