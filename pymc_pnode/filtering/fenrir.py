@@ -580,8 +580,9 @@ def fenrir_kernel(q: int, d: int):
         # transition and preconditioner coefficients of the step ending at grid[n], for all four sweeps
         a_all = np.empty((cap, q + 1))
         t_all = np.empty((cap, q + 1))
-        kap_all = np.empty(cap)  # the diffusion of the step ending at grid[n]
-        kap_loc = np.ones(cap)  # local calibration: κ_n from the unit-diffusion pass
+        # the diffusion of the step ending at grid[n] in the filter the data see (local calibration: the κ_n
+        # of the unit-diffusion pass, which itself runs at κ = 1)
+        kap_all = np.empty(cap)
         grid[0] = stops[0]
         obs_at[0] = stop_obs[0]
         coeffs = np.empty((q + 1, d))
@@ -625,7 +626,7 @@ def fenrir_kernel(q: int, d: int):
                     grow_rows(r_fa, cap)
                 lin, za, a_all, t_all = grow_rows(lin, cap), grow_rows(za, cap), grow_rows(a_all, cap), \
                     grow_rows(t_all, cap)
-                kap_all, kap_loc = grow_rows(kap_all, cap), grow_rows(kap_loc, cap)
+                kap_all = grow_rows(kap_all, cap)
             p = n + 1  # the slot of the step's results
             a = a_all[p]
             tvec = t_all[p]
@@ -647,8 +648,8 @@ def fenrir_kernel(q: int, d: int):
             max_err = max(max_err, err)
             kap_all[p] = kappa
             if local:
-                kap_loc[p] = local_kappa if math.isfinite(local_kappa) and local_kappa > KAPPA_FLOOR else KAPPA_FLOOR
-            predict_root(r_fa[n], a, tvec, math.sqrt(kap_all[p]), rq, q, d, m_pred, r_pa[p])
+                kap_all[p] = local_kappa if math.isfinite(local_kappa) and local_kappa > KAPPA_FLOOR else KAPPA_FLOOR
+            predict_root(r_fa[n], a, tvec, math.sqrt(kappa), rq, q, d, m_pred, r_pa[p])
             stat_sum += update_sqrt(r_pa[p], mu_pa[p], lin[p], za[p], q, d, m_upd, wvec, mu_fa[p], r_fa[p])
             if not (all_finite(mu_fa[p]) and all_finite(r_fa[p])):
                 info[4] = STATUS_NONFINITE
@@ -699,7 +700,6 @@ def fenrir_kernel(q: int, d: int):
             mu_fa[0] = mu_fa1[0]
             r_fa[0] = 0.0
             for p in range(1, n_pts):
-                kap_all[p] = kap_loc[p]
                 _predict_and_linearise(rhs, jac_y, ek1, theta, grid[p], a_all[p], q, d, mu_fa[p - 1], mu_pa[p], xi,
                                        fx, jac, lin[p], za[p])
                 predict_root(r_fa[p - 1], a_all[p], t_all[p], math.sqrt(kap_all[p]), rq, q, d, m_pred, r_pa[p])
@@ -885,7 +885,7 @@ def fenrir_kernel(q: int, d: int):
                     grad[kdir] += kbar_n
                 elif sweep == 0:
                     kbar_local[n] = kbar_step[n] + kbar_n
-                elif kap_loc[n] > KAPPA_FLOOR:
+                elif kap_all[n] > KAPPA_FLOOR:
                     # κ_n = ẑᵀ(H Q Hᵀ)⁻¹ẑ / d with ẑ = E1 μ⁻ − f(ξ) of the unit pass: ẑ̄ and L̄ join its
                     # linearisation's adjoint.
                     _local_kappa_adjoint(kbar_local[n], rq, tvec, s_lin[n], s_za[n], q, d, err_work, zbar, jbar)

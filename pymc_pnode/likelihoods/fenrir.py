@@ -446,8 +446,8 @@ def fenrir_loglik(
         Observation noise standard deviation (scalar or per observed component).
     diffusion : float, TensorVariable, "local" or "global", optional
         The diffusion ``κ > 0``. Default (``None`` or ``"local"``): calibrated at every step of every
-        evaluation (local quasi-MLE); ``"global"``: one quasi-MLE per evaluation. For NUTS with
-        error-controlled steps prefer a fixed value or a random variable for now (see docs/fenrir.md).
+        evaluation (local quasi-MLE, from a first pass at unit diffusion; see docs/fenrir.md);
+        ``"global"``: one quasi-MLE per evaluation.
     solver : EK0 or EK1, default ``EK1(order=3)``
     step : float, optional
         A fixed solver step (the grid is refined to contain every observation time). Default: the
