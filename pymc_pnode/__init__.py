@@ -32,6 +32,8 @@ _LAZY = {
     "ParallelTempering": "pymc_pnode.sampling",
     "sample_pt": "pymc_pnode.sampling",
     "rk_solve": "pymc_pnode.classical",
+    "DifferentialEquation": "pymc_pnode.differential_equation",
+    "probabilistic_solution": "pymc_pnode.pn_solution",
     "irls_fit": "pymc_pnode.classical",
     "profile_intervals": "pymc_pnode.classical",
     "DiscretizationErrorNormal": "pymc_pnode.likelihoods.discretization",

@@ -6,9 +6,13 @@ values the sampler visits. Every evaluation computes the filter's own local erro
 and warns, once per likelihood and process, when the step is too coarse.
 
 Counts made in other processes (the chains of ``pm.sample(cores>1)``) reach the process that built the
-model through small spool files: a copy of the counts that arrives in another process by pickling starts
-from zero and writes its own counts to ``<tempdir>/pymc_pnode_counts/<key>.<pid>.json`` (at most every
-0.5 s, and when the process exits); :meth:`SolverDiagnostics.merged` adds them up.
+model through small spool files: a copy of the counts that arrives in another process (pickled, or
+inherited by a fork) starts from zero at its first count and writes its own counts to
+``<tempdir>/pymc_pnode_counts/<key>.<pid>.json`` (at most every 0.5 s, and when the process exits);
+:meth:`SolverDiagnostics.merged` adds them up. When counts are sent to other processes, a watcher thread
+in the sending process waits for those processes to finish (the end of sampling) and then warns there,
+with the totals, if a fixed step missed the tolerances in them: the user sees the warning in their own
+session, not only in the workers' stderr.
 """
 
 from __future__ import annotations
@@ -22,15 +26,32 @@ import math
 import multiprocessing.util
 import os
 import tempfile
+import threading
 import time
 import uuid
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 _SPOOL_DIR = os.path.join(tempfile.gettempdir(), "pymc_pnode_counts")
 _FLUSH_INTERVAL = 0.5  # seconds between a worker's spool-file updates
 _COUNTS = ("n_evaluations", "n_steps", "n_rejected", "n_over_tolerance", "n_failed")
 _SHARED_KEYS: set[str] = set()  # keys of counts pickled by this process
+_WATCH_POLL = 0.5  # seconds between the watcher's looks at the spool files
+_WATCH_GRACE = 120.0  # a watcher whose processes write no counts within this time stops
+_WATCHED: set[str] = set()  # keys with a running watcher
+_WATCH_LOCK = threading.Lock()
+_LIVE: "weakref.WeakValueDictionary[str, SolverDiagnostics]" = weakref.WeakValueDictionary()
+
+
+def _before_fork() -> None:
+    # pm.sample(cores>1) forks its chains on Linux: the children inherit the counts without pickling.
+    for diagnostics in list(_LIVE.values()):
+        if os.getpid() == diagnostics._owner_pid:
+            diagnostics._share()
+
+
+os.register_at_fork(before=_before_fork)
 
 
 @atexit.register
@@ -41,6 +62,26 @@ def _remove_spool_files() -> None:
                 os.remove(path)
 
 __all__ = ["AccuracyWarning", "SolverDiagnostics"]
+
+
+def _spool_writers(key: str, since: float) -> set[int]:
+    """Process ids whose spool files of ``key`` were written at or after ``since`` (a ``time.time()``)."""
+    pids = set()
+    for path in glob.glob(os.path.join(_SPOOL_DIR, f"{key}.*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            if os.path.getmtime(path) >= since - 1.0:
+                pids.add(int(path.rsplit(".", 2)[1]))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class AccuracyWarning(UserWarning):
@@ -88,19 +129,61 @@ class SolverDiagnostics:
     _owner_pid: int = field(default_factory=os.getpid, repr=False)
     _last_flush: float = field(default=0.0, repr=False)
 
+    _counting_pid: int = field(default_factory=os.getpid, repr=False)
+    _last_flush: float = field(default=0.0, repr=False)
+    _reported: tuple = field(default=(0, 0), repr=False)
+
+    def __post_init__(self) -> None:
+        _LIVE.setdefault(self.key, self)  # the fork hook shares these with the children (copies keep the key)
+
     def __getstate__(self) -> dict:
         if os.getpid() == self._owner_pid:
-            _SHARED_KEYS.add(self.key)  # copies elsewhere may write spool files: remove them at exit
+            self._share()
         return self.__dict__.copy()
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        if os.getpid() != self._owner_pid:  # a copy in another process counts from zero, into its spool file
-            for name in _COUNTS:
-                setattr(self, name, 0)
-            self.max_error = 0.0
-            self._last_flush = 0.0
-            multiprocessing.util.Finalize(None, self.flush, exitpriority=10)
+    def _share(self) -> None:
+        """Copies of these counts are going to other processes (pickled, or inherited by a fork)."""
+        _SHARED_KEYS.add(self.key)  # copies elsewhere may write spool files: remove them at exit
+        if self.step is None:  # error-controlled solves do not miss tolerances: nothing to report
+            return
+        with _WATCH_LOCK:
+            if self.key in _WATCHED:
+                return
+            _WATCHED.add(self.key)
+        threading.Thread(target=self._report_when_workers_finish, args=(time.time(),), daemon=True,
+                         name=f"pymc_pnode-watch-{self.label}").start()
+
+    def _count_in_this_process(self) -> None:
+        """A copy in a new process (unpickled or forked) starts from zero and writes its spool file at exit."""
+        for name in _COUNTS:
+            setattr(self, name, 0)
+        self.max_error = 0.0
+        self._last_flush = 0.0
+        self._counting_pid = os.getpid()
+        multiprocessing.util.Finalize(None, self.flush, exitpriority=10)
+
+    def _report_when_workers_finish(self, since: float) -> None:
+        """Watcher thread: once the processes that wrote counts have exited, warn here with the totals."""
+        try:
+            seen: set[int] = set()
+            started = time.monotonic()
+            while True:
+                time.sleep(_WATCH_POLL)
+                seen |= _spool_writers(self.key, since)
+                if seen:
+                    threading.current_thread().reporting = True  # a report is due: see tests/conftest.py
+                    if not any(_alive(pid) for pid in seen):
+                        break
+                elif time.monotonic() - started > _WATCH_GRACE:  # e.g. a fork that never used these counts
+                    return
+            total = self.merged()
+            if total.n_over_tolerance > self._reported[0] or total.n_failed > self._reported[1]:
+                self._reported = (total.n_over_tolerance, total.n_failed)
+                warnings.warn("after sampling in other processes: " + total.message(), AccuracyWarning,
+                              stacklevel=1)
+        finally:
+            with _WATCH_LOCK:
+                _WATCHED.discard(self.key)
 
     def flush(self) -> None:
         """Write this process's counts to its spool file (copies in other processes only)."""
@@ -139,6 +222,8 @@ class SolverDiagnostics:
 
     def record(self, n_steps: int, n_rejected: int, max_error: float, failed: bool, warn: bool = True) -> None:
         """Count one evaluation; warn (if ``warn``) the first time a fixed step misses the tolerances."""
+        if os.getpid() != self._counting_pid:
+            self._count_in_this_process()
         self.n_evaluations += 1
         self.n_steps += int(n_steps)
         self.n_rejected += int(n_rejected)

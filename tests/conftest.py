@@ -1,10 +1,31 @@
 """Shared ODE definitions for the tests (compiled once per session; generated code is disk-cached)."""
 
+import threading
+
 import numpy as np
 import pytensor.tensor as pt
 import pytest
 
 import pymc_pnode as pn
+
+
+@pytest.fixture(autouse=True)
+def _accuracy_reports_land_in_their_test():
+    """Let the watcher threads of multiprocess sampling (pymc_pnode.accuracy) that have a report due finish
+    within the test that started them, so that their AccuracyWarning is not recorded by a later test."""
+    yield
+    for thread in threading.enumerate():
+        if thread.name.startswith("pymc_pnode-watch-") and getattr(thread, "reporting", False):
+            thread.join(timeout=5.0)
+
+
+def central_differences(f, y0, theta, eps=1e-6):
+    """Central-difference gradients ``(df/dy0, df/dtheta)`` of the scalar ``f(y0, theta)``."""
+    y0, theta = np.asarray(y0, dtype=float), np.asarray(theta, dtype=float)
+    steps_y0, steps_theta = eps * np.eye(y0.size), eps * np.eye(theta.size)
+    g_y0 = np.array([(f(y0 + e, theta) - f(y0 - e, theta)) / (2 * eps) for e in steps_y0])
+    g_theta = np.array([(f(y0, theta + e) - f(y0, theta - e)) / (2 * eps) for e in steps_theta])
+    return g_y0, g_theta
 
 
 def lotka_volterra(y, t, p):

@@ -1,5 +1,8 @@
 """Fenrir marginal likelihood: exact gradients, dense batch equality, limits, PyMC integration."""
 
+import time
+import warnings
+
 import numpy as np
 import pymc as pm
 import pytensor
@@ -566,3 +569,46 @@ def test_default_fenrir_posterior_matches_exact_likelihood_with_multiprocess_cha
     n_gradients = int(idata.sample_stats["n_steps"].sum())  # leapfrog steps of the kept draws
     assert counts.n_evaluations >= in_process + n_gradients and counts.n_failed == 0
     assert counts.n_steps > 10 * counts.n_evaluations  # error control took steps in every evaluation
+
+
+def _after_sampling_warnings(caught) -> list:
+    return [w for w in caught if issubclass(w.category, pn.AccuracyWarning) and "after sampling" in str(w.message)]
+
+
+@pytest.mark.parametrize("step, warns", [(0.125, True), (0.01, False)])
+def test_fixed_step_guard_reports_multiprocess_chains_in_this_process(fhn_ode, fhn_fit_data, step, warns):
+    # The chains run in worker processes (forked on Linux); their counts and the warning must reach the
+    # user's process after sampling, without a call.
+    times, data = fhn_fit_data
+    with pm.Model() as model:
+        # Bounded: no warm-up trajectory reaches parameters where step 0.01 is too coarse (max error 0.2 in the box).
+        theta = pm.Uniform("theta", lower=[0.15, 0.15, 2.5], upper=[0.25, 0.25, 3.5], shape=3)
+        pn.Fenrir("V", fhn_ode, y0=[-1.0, 1.0], theta=theta, times=times, observed=data, obs_matrix=[[1.0, 0.0]],
+                  obs_sigma=0.05, diffusion=1.0, step=step, check_accuracy=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with model:
+            before = pn.fenrir_diagnostics()["V"].n_evaluations
+            idata = pm.sample(draws=20, tune=20, chains=2, cores=2, random_seed=3, progressbar=False,
+                              compute_convergence_checks=False, discard_tuned_samples=False)
+        deadline = time.monotonic() + 20.0
+        while warns and time.monotonic() < deadline and not _after_sampling_warnings(caught):
+            time.sleep(0.1)
+        if not warns:
+            time.sleep(2.0)  # longer than the watcher needs to notice that the workers have exited
+    counts = pn.fenrir_diagnostics(model)["V"]
+    # PyMC's NUTS evaluates the likelihood (value and gradient together) at the start of every iteration
+    # and at every leapfrog step, in a worker; the main process adds a few checks of the start points.
+    # None is lost or counted twice.
+    iterations = 2 * (20 + 20)
+    leapfrog = int(idata.sample_stats["n_steps"].sum() + idata.warmup_sample_stats["n_steps"].sum())
+    assert leapfrog + iterations <= counts.n_evaluations - before <= leapfrog + iterations + 20
+    reported = _after_sampling_warnings(caught)
+    if warns:
+        assert len(reported) == 1 and counts.n_over_tolerance > 0
+        message = str(reported[0].message)
+        assert f"misses the tolerances at {counts.n_over_tolerance} and fails" in message
+        assert f"at {counts.n_failed} of {counts.n_evaluations} evaluations" in message
+    else:
+        assert not reported, [str(w.message) for w in reported]
+        assert counts.n_over_tolerance == 0 and counts.max_error <= 1.0

@@ -29,6 +29,7 @@ One step is drift–kick–drift: ``q += h/2 g(v)``, ``v += h a(q)``, ``q += h/2
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numba as nb
 import numpy as np
@@ -159,6 +160,46 @@ def _stage_vjp(jac_y, jac_p, ys, st, t, p, fbar, ybar, gp, jy, jp, xb):
             gp[j] += acc
 
 
+#: Work buffers of :func:`rk_step_adjoint` for ``s`` stages, ``d`` states and ``n_theta`` parameters.
+RKAdjointWork = namedtuple("RKAdjointWork", "xs ks xbar kbar jy jp xb fb")
+
+
+@nb.njit(**_JIT)
+def rk_adjoint_work(s: int, d: int, n_theta: int) -> RKAdjointWork:
+    return RKAdjointWork(
+        np.empty((s, d)), np.empty((s, d)), np.zeros((s, d)), np.empty(d), np.empty((d, d)),
+        np.empty((d, n_theta)), np.empty(d), np.empty(d),
+    )
+
+
+@nb.njit(inline="always", **_JIT)
+def rk_step_adjoint(rhs, jac_y, jac_p, x, t, h, p, a, b, c, lam, gp, work):
+    """Reverse one explicit RK step from ``x`` at ``t``.
+
+    ``lam <- (dx_{n+1}/dx_n)^T lam`` and ``gp += (dx_{n+1}/dp)^T lam``.
+
+    The stages are recomputed from ``x`` (tableau ``a``, ``b``, ``c``); ``work`` is an
+    :data:`RKAdjointWork`.
+    """
+    s = c.shape[0]
+    d = x.shape[0]
+    xs, ks, xbar, kbar = work.xs, work.ks, work.xbar, work.kbar
+    _rk_stages(rhs, x, t, h, p, a, c, xs, ks, work.xb, work.fb)
+    # Reverse sweep over the stages: k_i feeds the update (weight b_i) and the later stage points
+    # (weights a_mi).
+    for st in range(s - 1, -1, -1):
+        for j in range(d):
+            acc = h * b[st] * lam[j]
+            for mm in range(st + 1, s):
+                if a[mm, st] != 0.0:
+                    acc += h * a[mm, st] * xbar[mm, j]
+            kbar[j] = acc
+        _stage_vjp(jac_y, jac_p, xs, st, t + c[st] * h, p, kbar, xbar, gp, work.jy, work.jp, work.xb)
+    for st in range(s):
+        for j in range(d):
+            lam[j] += xbar[st, j]
+
+
 # Inputs are typed read-only (PyTensor's numba backend passes constants as read-only arrays; writable
 # arrays convert to read-only types), except the parameters, which go on to the generated functions.
 _W1 = nb.float64[::1]
@@ -252,15 +293,9 @@ def rk_backward(rhs, jac_y, jac_p, p, traj, t0, times, nsub, hsub, scheme, a, b,
             if not math.isfinite(g_obs[r, j]):
                 return lam, gp
     s = c.shape[0] if scheme == _SCHEME_RK else 3
-    xs = np.empty((s, d))
-    ks = np.empty((s, d))
-    xbar = np.zeros((s, d))
-    kbar = np.empty(d)
+    work = rk_adjoint_work(s, d, nth)
+    xs, ks, xbar, kbar, jy, jp, xb, fb = work
     x = np.empty(d)
-    xb = np.empty(d)
-    fb = np.empty(d)
-    jy = np.empty((d, d))
-    jp = np.empty((d, nth))
     m = d // 2
     n = traj.shape[0] - 1
     for i in range(d):
@@ -274,20 +309,7 @@ def rk_backward(rhs, jac_y, jac_p, p, traj, t0, times, nsub, hsub, scheme, a, b,
             for j in range(d):
                 x[j] = traj[n, j]
             if scheme == _SCHEME_RK:
-                _rk_stages(rhs, x, t, h, p, a, c, xs, ks, xb, fb)
-                # Reverse sweep over the stages: k_i feeds the update (weight b_i) and the later
-                # stage points (weights a_mi).
-                for st in range(s - 1, -1, -1):
-                    for j in range(d):
-                        acc = h * b[st] * lam[j]
-                        for mm in range(st + 1, s):
-                            if a[mm, st] != 0.0:
-                                acc += h * a[mm, st] * xbar[mm, j]
-                        kbar[j] = acc
-                    _stage_vjp(jac_y, jac_p, xs, st, t + c[st] * h, p, kbar, xbar, gp, jy, jp, xb)
-                for st in range(s):
-                    for j in range(d):
-                        lam[j] += xbar[st, j]
+                rk_step_adjoint(rhs, jac_y, jac_p, x, t, h, p, a, b, c, lam, gp, work)
             else:
                 _sv_stages(rhs, x, t, h, p, xs, ks, xb, fb)
                 # Drift 2: q_{n+1} = q_half + h/2 g(v_{n+1}), evaluated at ys[2].

@@ -545,7 +545,9 @@ def Fenrir(
     check_accuracy : bool, default True
         With a fixed ``step``: evaluate the likelihood at the model's initial point and at 20 prior
         draws now, and warn (:class:`~pymc_pnode.AccuracyWarning`) when the step misses the
-        tolerances there. Every later evaluation is checked too, in the process that runs it.
+        tolerances there. Every later evaluation is checked too, in the process that runs it; chains
+        sampled in worker processes (``pm.sample(cores>1)``) are reported in this process with their
+        totals once the workers have exited.
     observed : array_like, shape (T, m)
         The data.
     dims : tuple of str, optional
