@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 _SPOOL_DIR = os.path.join(tempfile.gettempdir(), "pymc_pnode_counts")
 _FLUSH_INTERVAL = 0.5  # seconds between a worker's spool-file updates
 _COUNTS = ("n_evaluations", "n_steps", "n_rejected", "n_over_tolerance", "n_failed")
-_SHARED_KEYS: set[str] = set()  # keys of counts pickled by this process
+_SHARED_KEYS: set[str] = set()  # keys of counts shared with other processes by this one
 _WATCH_POLL = 0.5  # seconds between the watcher's looks at the spool files
 _WATCH_GRACE = 120.0  # a watcher whose processes write no counts within this time stops
 _WATCHED: set[str] = set()  # keys with a running watcher
@@ -127,9 +127,7 @@ class SolverDiagnostics:
     _warned: bool = field(default=False, repr=False)
     key: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
     _owner_pid: int = field(default_factory=os.getpid, repr=False)
-    _last_flush: float = field(default=0.0, repr=False)
-
-    _counting_pid: int = field(default_factory=os.getpid, repr=False)
+    _counting_pid: int = field(default_factory=os.getpid, repr=False)  # the process these counts are from
     _last_flush: float = field(default=0.0, repr=False)
     _reported: tuple = field(default=(0, 0), repr=False)
 
