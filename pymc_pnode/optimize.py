@@ -1,6 +1,6 @@
 """MLE/MAP estimation of PyMC models in transformed space, and diffusion tempering for Fenrir.
 
-Diffusion tempering (notes 002 §10) re-reads the Fenrir diffusion ``κ`` as an optimisation
+Diffusion tempering (Beck et al., 2024) re-reads the Fenrir diffusion ``κ`` as an optimisation
 hyperparameter: starting from a huge ``κ`` (the PN posterior interpolates the data, the loss is
 smooth) it is decreased on a schedule, each stage warm-started at the previous optimum, so the
 optimiser avoids the local optima of the sharp small-``κ`` landscape.
@@ -198,7 +198,7 @@ def _constrained_point(model: pm.Model, fn: _Objective, x: np.ndarray) -> dict:
 
 
 def tempering_schedule(kind: str = "linear") -> np.ndarray:
-    """Diffusion schedules of notes 002 §10.2 (values of the variance multiplier ``κ``).
+    """Diffusion schedules of Beck et al. (2024) (values of the variance multiplier ``κ``).
 
     ``"linear"``: ``10^(20 - i)``, i = 0..20 (diffusion-tempering paper); ``"exponential"``:
     ``10^(20 exp(-i/5))``, i = 0..20 (its App. A8.1 variant); ``"thesis"``: ``e^(40 - i)``,
@@ -243,7 +243,7 @@ def diffusion_tempering(
     maxiter: int = 1000,
     progressbar: bool = True,
 ) -> TemperingResult:
-    """Diffusion tempering (notes 002 §10.2): optimise while decreasing the Fenrir diffusion.
+    """Diffusion tempering (Beck et al., 2024): optimise while decreasing the Fenrir diffusion.
 
     Parameters
     ----------

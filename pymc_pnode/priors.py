@@ -2,7 +2,7 @@
 
 State ordering is derivative-major: ``x = [y, y', ..., y^(q)]`` with each block of length ``d``, so
 ``A(h) = Ǎ(h) ⊗ I_d`` and ``Q(h) = Q̌(h) ⊗ I_d``. Transitions are used in the preconditioned form of
-Krämer & Hennig (notes 002 §2.4): ``A(h) = T(h) Ā T(h)^{-1}`` and ``Q(h) = T(h) Q̄ T(h)`` with
+Krämer & Hennig (2024): ``A(h) = T(h) Ā T(h)^{-1}`` and ``Q(h) = T(h) Q̄ T(h)`` with
 step-independent ``Ā``, ``Q̄`` and a diagonal ``T(h)``, so ``Q(h)^{1/2} = Q̄^{1/2} T(h)`` is formed by
 scaling an exactly factorised constant matrix, without cancellation for small steps or high order.
 """

@@ -1,7 +1,7 @@
 r"""The direct method of Raziperchikolaei & Bhat: alternating minimisation over states and parameters.
 
 The objective is the squared residual of an explicit s-step Adams–Bashforth discretisation evaluated
-on a state sequence :math:`X = (x_1, \dots, x_T)` (notes 003 §3.5, eq. (12)):
+on a state sequence :math:`X = (x_1, \dots, x_T)` (Raziperchikolaei & Bhat, 2018, eq. (12)):
 
 .. math::
 

@@ -2,7 +2,7 @@ r"""Multiple shooting with scalarised continuity constraints and adjoint gradien
 
 Shooting nodes sit at the observation times :math:`\tau_0 < \dots < \tau_K`, the node states
 :math:`s_j \approx y(\tau_j)` are optimisation variables next to the parameters :math:`p`, and the
-misfit needs no ODE solve (notes 001 §3.2):
+misfit needs no ODE solve (Aydogmus & Tor, modified multiple shooting):
 
 .. math::
 
@@ -11,12 +11,12 @@ misfit needs no ODE solve (notes 001 §3.2):
     G_j = x_j(\tau_{j+1}; \tau_j, s_j, p) - s_{j+1}.
 
 Each scalar constraint's gradient costs one backward adjoint solve on its interval, with the sign fix
-of notes 001 §4.5 (:math:`\mu' = -f_x^\top\mu`, :math:`\mu(\tau_{j+1}) = 2 G_j`,
+of Aydogmus & Tor (:math:`\mu' = -f_x^\top\mu`, :math:`\mu(\tau_{j+1}) = 2 G_j`,
 :math:`\partial h_j/\partial s_j = \mu(\tau_j)`, :math:`\partial h_j/\partial p = \int f_p^\top\mu`). The
 classical control variant keeps the vector constraints :math:`G_j = 0` with forward sensitivities.
 The NLP goes to scipy's SLSQP (an SQP method with BFGS updates, like MATLAB's active-set ``fmincon``).
 
-Caveat (notes 001 §6.1): :math:`\nabla h_j = 2 G_j^\top \nabla G_j` vanishes at every feasible point,
+Caveat: :math:`\nabla h_j = 2 G_j^\top \nabla G_j` vanishes at every feasible point,
 so constraint qualifications fail there and SQP converges slowly (about ten times more iterations
 than the vector form in our runs).
 """

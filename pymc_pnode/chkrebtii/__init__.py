@@ -1,4 +1,4 @@
-"""Chkrebtii et al. (2016)'s probabilistic ODE solution as a PyMC layer (notes 004).
+"""Chkrebtii et al. (2016)'s probabilistic ODE solution as a PyMC layer.
 
 Modules, one concept each:
 

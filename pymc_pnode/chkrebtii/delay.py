@@ -1,6 +1,6 @@
 """Delay differential equations with constant lag, history function and data-driven forcing.
 
-Chkrebtii et al.'s JAK-STAT model (notes 004 §6.3, eq. 12) has a lagged state ``u(t - tau)`` with an
+Chkrebtii et al.'s JAK-STAT model (Chkrebtii et al., 2016, eq. 12) has a lagged state ``u(t - tau)`` with an
 unknown constant delay ``tau`` and a measured forcing ``EpoR_A(t)``. :class:`DelayODE` handles both by
 an augmented ODE: the user's field ``func(y, t, p, y_lag, forcing)`` is compiled as a
 :class:`pymc_pnode.ODE` whose parameter vector is ``[p, y_lag, forcing]``, so the generated ``jac_p``

@@ -1,4 +1,4 @@
-"""Closed-form integrated covariance kernels of Chkrebtii et al.'s solution prior (notes 004 §2).
+"""Closed-form integrated covariance kernels of Chkrebtii et al.'s solution prior (Chkrebtii et al., 2016, §2).
 
 The derivative has a stationary prior covariance ``C_t(a, b) = c phi(a - b) / alpha``; the state is
 ``u(t) = u(t0) + int_{t0}^t u_t``. With ``Phi1' = phi`` and ``Phi2' = Phi1`` (``Phi1(0) = Phi2(0) = 0``)
@@ -127,7 +127,7 @@ def kc(a: float, b: float, lam: float, kind: int) -> tuple[float, float]:
 def prior_covariances(
     kernel: str, lam: float, alpha: float, deriv_times, state_times
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Dense prior blocks of the joint prior (notes 004 eq. 5), times measured from ``t0``.
+    """Dense prior blocks of the joint prior (Chkrebtii et al., 2016, eq. 5), times measured from ``t0``.
 
     Returns ``(Ct, X, C)`` with ``Ct[i, j] = cov(u_t(a_i), u_t(a_j))``, ``X[k, i] = cov(u(b_k),
     u_t(a_i))`` and ``C[k, l] = cov(u(b_k), u(b_l))`` for ``a = deriv_times``, ``b = state_times``.

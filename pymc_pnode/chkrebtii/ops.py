@@ -9,7 +9,8 @@
   innovations and the structure arrays.
 
 ``alpha`` enters between the two in PyTensor: every weight is ``alpha``-free and every standard
-deviation scales as ``alpha^{-1/2}`` (notes 004 §3.3e).
+deviation scales as ``alpha^{-1/2}`` (``alpha`` only scales the prior covariance of Algorithm 1 of
+Chkrebtii et al., 2016).
 """
 
 from __future__ import annotations

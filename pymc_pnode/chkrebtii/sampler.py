@@ -64,7 +64,8 @@ def chkrebtii_sample(
         of the mean with ``lam`` proportional to ``h``), ``"code"`` (the authors' MATLAB rule: the just
         conditioned derivative variance at the previous grid point, which is zero in exact arithmetic, so
         it coincides with ``"zero"``), ``"paper"`` (``r = C_t^{n-1}(s_n, s_n)``; its mean does not converge
-        with ``lam`` proportional to ``h``, notes 004 §4.3 — keep ``lam`` fixed or several steps). For the
+        with ``lam`` proportional to ``h``, see ``case_studies/chkrebtii_ode6.ipynb`` — keep ``lam`` fixed or
+        several steps). For the
         squared exponential with ``lam >~ h`` prefer ``"paper"``: exact interrogations make its Gram
         matrix numerically singular (the ``jitter`` floor then acts as a nugget). Exact interrogations are
         stable only for small ``k h`` (e.g. ``k h < 0.018`` for ``y' = -k y`` with ``lam = 2h``; the

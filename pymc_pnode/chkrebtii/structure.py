@@ -1,9 +1,9 @@
 """The covariance algebra of Algorithm 1: everything that does not depend on the interrogations.
 
 Given the grid, the kernel, ``lam`` and the noise rule, every covariance, gain and step-ahead variance
-of Algorithm 1 is independent of ``f`` and ``theta`` (notes 004 §3.3c), and all of them are
-proportional to ``1 / alpha`` with ``alpha``-free weights (§3.3e). This module computes them once
-(at ``alpha = 1``) in the batch form of §3.3d: sequential conditioning on interrogations ``f_0..f_{N-1}``
+of Algorithm 1 (Chkrebtii et al., 2016) is independent of ``f`` and ``theta``, and all of them are
+proportional to ``1 / alpha`` with ``alpha``-free weights. This module computes them once
+(at ``alpha = 1``) in batch form: sequential conditioning on interrogations ``f_0..f_{N-1}``
 with independent noise ``r_n`` is the lower Cholesky factor ``L`` of ``K + diag(r)``
 (``K = C_t(s, s)``), where ``L[n, n]^2 = g_n`` is the innovation variance of Algorithm 1 and
 ``v_n = K[n, n] - sum_k L[n, k]^2 = C_t^{n-1}(s_n, s_n)``. With whitened interrogations

@@ -1,4 +1,4 @@
-r"""IRLS estimation with isotonic discretisation-error variances (Matsuda & Miyatake, notes 000 §2–3).
+r"""IRLS estimation with isotonic discretisation-error variances (Matsuda & Miyatake, 2021, §2–3).
 
 The observations are modelled as :math:`y_{k,j} \sim N(H_j \tilde x_k(\theta), \gamma_j^2 +
 \sigma_{k,j}^2)` where :math:`\tilde x_k` is a fixed-step numerical solution and the discretisation

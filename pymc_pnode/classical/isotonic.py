@@ -1,4 +1,4 @@
-r"""The closed-form weight update of Matsuda & Miyatake (notes 000 §3.2, Appendix A).
+r"""The closed-form weight update of Matsuda & Miyatake (2021, §3.2 and Appendix A).
 
 For fixed residuals :math:`r_{k,j}` the weights minimise, separately for every observed component j,
 

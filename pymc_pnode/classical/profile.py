@@ -1,4 +1,4 @@
-r"""Profile-likelihood confidence intervals for IRLS fits (Matsuda & Miyatake §3.5, notes 000 §3.5).
+r"""Profile-likelihood confidence intervals for IRLS fits (Matsuda & Miyatake, 2021, §3.5).
 
 For a parameter :math:`\theta_i` the profile objective is
 :math:`g_i(c) = \min_{\theta_{-i}, w} g(\theta, w)` subject to :math:`\theta_i = c`, computed by IRLS

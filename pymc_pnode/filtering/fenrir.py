@@ -1,4 +1,4 @@
-"""Fenrir marginal likelihood kernel with an exact reverse-mode gradient (notes 002 §9.2–9.3).
+"""Fenrir marginal likelihood kernel with an exact reverse-mode gradient (Tronarp, Bosch & Hennig, 2022).
 
 1. An EK0/EK1 ODE filter with fixed diffusion ``κ`` and exact initialisation runs forward over a
    grid that contains every observation time.

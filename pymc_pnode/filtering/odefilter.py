@@ -2,7 +2,7 @@
 
 One compiled kernel serves every ODE: the vector field and its Jacobian arrive as numba first-class
 functions (see ``pymc_pnode._codegen``). Layout: derivative-major states of length ``D = (q+1) d``,
-right square roots ``Σ = R^T R`` (notes 002 §1.2, §3.4).
+right square roots ``Σ = R^T R`` (Bosch, 2024, PhD thesis).
 """
 
 from __future__ import annotations
@@ -423,7 +423,7 @@ def run_filter(
 
     Fixed steps walk ``grid`` exactly. Adaptive steps start at ``grid[0]`` and hit every later
     entry of ``grid`` (output times and the end point) exactly, choosing steps with the local
-    error estimate and a PI controller (notes 002 §5.1–5.2). Fixed steps have no controller: they
+    error estimate and a PI controller (Bosch, Hennig & Tronarp, 2021). Fixed steps have no controller: they
     stop with ``STATUS_DIVERGED`` before the first step that :func:`fixed_step_failed` flags (one
     extra evaluation of ``f`` per step, counted in ``n_f_evals``).
 

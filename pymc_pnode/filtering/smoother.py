@@ -1,9 +1,9 @@
 """Backward kernels, RTS smoothing, joint posterior samples and dense output for ODE filters.
 
-The filter posterior on the grid is represented backwards in time (notes 002 §9.2):
+The filter posterior on the grid is represented backwards in time (Tronarp, Bosch & Hennig, 2022):
 ``x_N ~ N(μ_N, Σ_N)`` and ``x_{n-1} | x_n ~ N(G_n x_n + d_n, Λ_n)``. One QR of
 ``[[R_{n-1} A^T, R_{n-1}], [√κ Q^{1/2}, 0]]`` gives the predicted root (R11), ``G_n^T = R11^{-1} R12``
-and ``Λ_n^{1/2} = R22`` (notes 002 §1.2).
+and ``Λ_n^{1/2} = R22`` (Bosch, 2024, PhD thesis).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def sample_backward(mu_last, r_last, gs, ds, lams, z):
 
 @nb.njit(**JIT)
 def interpolate(t, ts, mus, rs, kappas, mus_s, rs_s, q: int, d: int, rq: np.ndarray, mu_out, r_out):
-    """Smoothed posterior at an arbitrary time ``t`` inside the grid (notes 002 §2.2 / Sec. 3.4)."""
+    """Smoothed posterior at an arbitrary time ``t`` inside the grid (Bosch, 2024, PhD thesis)."""
     n = np.searchsorted(ts, t)
     if n < ts.shape[0] and ts[n] == t:
         mu_out[:] = mus_s[n]

@@ -1,4 +1,4 @@
-r"""Bayesian discretisation-error variance model (Matsuda & Miyatake, notes 000 §2, made Bayesian).
+r"""Bayesian discretisation-error variance model (Matsuda & Miyatake, 2021, §2, made Bayesian).
 
 The observations are modelled as
 
