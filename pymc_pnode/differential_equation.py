@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numba as nb
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
@@ -178,20 +179,19 @@ class DopriAdjointOp(Op):
 
 @numba_funcify.register(DopriSolveOp)
 def _numba_funcify_dopri(op, node=None, **kwargs):
-    """Numba implementation (``mode="NUMBA"``, nutpie): the compiled kernel is called directly, so
-    the evaluation counts of :attr:`DopriSolver.diagnostics` cover only the Python-backed modes."""
-    s = op.solver
-    rhs, t0, times = s.ode.rhs, s.ode.t0, s.times
-    rtol, atol, max_steps = s.control.rtol, s.control.atol, s.control.max_steps
+    """Numba implementation (``mode="NUMBA"``, nutpie): the solver runs in object mode, so compiling the
+    graph does not compile the kernels into it again (see docs/benchmarks.md) and the evaluations are
+    counted in :attr:`DopriSolver.diagnostics`."""
+    solver = op.solver
+    d, k = solver.ode.n_states, solver.ode.n_theta
+
+    def forward(y0, theta):
+        return solver.forward(np.array(y0, dtype=np.float64).reshape(d), np.array(theta, dtype=np.float64).reshape(k))
 
     @numba_njit
     def dopri_solve_op(y0, theta):
-        ys, ts, traj, status, _ = dopri_forward(
-            rhs, np.ascontiguousarray(theta).copy(), np.ascontiguousarray(y0), t0, times, rtol, atol, max_steps
-        )
-        log_ok = np.zeros(1)
-        if status != STATUS_SUCCESS:
-            log_ok[0] = -np.inf
+        with nb.objmode(ys="float64[:, ::1]", ts="float64[::1]", traj="float64[:, ::1]", log_ok="float64[::1]"):
+            ys, ts, traj, log_ok = forward(y0, theta)
         return ys, ts, traj, log_ok
 
     return dopri_solve_op
@@ -199,15 +199,18 @@ def _numba_funcify_dopri(op, node=None, **kwargs):
 
 @numba_funcify.register(DopriAdjointOp)
 def _numba_funcify_dopri_adjoint(op, node=None, **kwargs):
-    s = op.solver
-    rhs, jac_y, jac_p, times = s.ode.rhs, s.ode.jac_y, s.ode.jac_p, s.times
+    solver = op.solver
+    k = solver.ode.n_theta
+
+    def backward(theta, ts, traj, g_ys):
+        arrays = (np.ascontiguousarray(x, dtype=np.float64) for x in (ts, traj, g_ys))
+        return solver.backward(np.array(theta, dtype=np.float64).reshape(k), *arrays)
 
     @numba_njit
     def dopri_adjoint_op(theta, ts, traj, g_ys):
-        return dopri_backward(
-            rhs, jac_y, jac_p, np.ascontiguousarray(theta).copy(), np.ascontiguousarray(ts),
-            np.ascontiguousarray(traj), times, np.ascontiguousarray(g_ys),
-        )
+        with nb.objmode(g_y0="float64[::1]", g_theta="float64[::1]"):
+            g_y0, g_theta = backward(theta, ts, traj, g_ys)
+        return g_y0, g_theta
 
     return dopri_adjoint_op
 
