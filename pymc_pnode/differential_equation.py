@@ -65,13 +65,14 @@ class DopriSolver:
         self.control = control
         self.diagnostics = SolverDiagnostics(label, None, 5)
 
-    def forward(self, y0: np.ndarray, theta: np.ndarray):
-        """``(ys, ts, traj, log_ok)`` for validated float64 arrays; counts the evaluation.
+    def forward(self, y0, theta):
+        """``(ys, ts, traj, log_ok)`` for numeric ``y0`` and ``theta`` of the right sizes; counts the evaluation.
 
         ``log_ok`` is ``[0.0]`` for a solve that reached every output time and ``[-inf]`` otherwise
         (the rows of ``ys`` it did not reach then hold the last state it did reach).
         """
         c = self.control
+        y0, theta = _vector(y0, self.ode.n_states), _vector(theta, self.ode.n_theta)
         ys, ts, traj, status, n_rejected = dopri_forward(
             self.ode.rhs, theta.copy(), y0, self.ode.t0, self.times, c.rtol, c.atol, c.max_steps
         )
@@ -79,9 +80,11 @@ class DopriSolver:
         self.diagnostics.record(ts.size - 1, n_rejected, 0.0, failed)
         return ys, ts, traj, np.array([-np.inf if failed else 0.0])
 
-    def backward(self, theta: np.ndarray, ts: np.ndarray, traj: np.ndarray, g_ys: np.ndarray):
+    def backward(self, theta, ts, traj, g_ys):
         """``(dL/dy0, dL/dtheta)`` for the cotangent ``g_ys = dL/dys`` on the grid ``ts``."""
-        return dopri_backward(self.ode.rhs, self.ode.jac_y, self.ode.jac_p, theta.copy(), ts, traj, self.times, g_ys)
+        ts, traj, g_ys = (np.ascontiguousarray(x, dtype=np.float64) for x in (ts, traj, g_ys))
+        theta = _vector(theta, self.ode.n_theta).copy()  # the generated functions take writable parameters
+        return dopri_backward(self.ode.rhs, self.ode.jac_y, self.ode.jac_p, theta, ts, traj, self.times, g_ys)
 
     def solve(self, y0, theta=None) -> np.ndarray:
         """States at ``times``, shape ``(len(times), n_states)``; ``ValueError`` if the solve fails."""
@@ -133,9 +136,7 @@ class DopriSolveOp(Op):
         return Apply(self, [pt.as_tensor_variable(y0), pt.as_tensor_variable(theta)], outputs)
 
     def perform(self, node, inputs, output_storage):
-        s = self.solver
-        outputs = s.forward(_vector(inputs[0], s.ode.n_states), _vector(inputs[1], s.ode.n_theta))
-        for storage, value in zip(output_storage, outputs):
+        for storage, value in zip(output_storage, self.solver.forward(*inputs)):
             storage[0] = value
 
     def L_op(self, inputs, outputs, output_grads):
@@ -167,11 +168,7 @@ class DopriAdjointOp(Op):
         return Apply(self, inputs, outputs)
 
     def perform(self, node, inputs, output_storage):
-        s = self.solver
-        theta, ts, traj, g_ys = (np.ascontiguousarray(x, dtype=np.float64) for x in inputs)
-        g_y0, g_theta = s.backward(theta.reshape(s.ode.n_theta), ts, traj, g_ys)
-        output_storage[0][0] = g_y0
-        output_storage[1][0] = g_theta
+        output_storage[0][0], output_storage[1][0] = self.solver.backward(*inputs)
 
     def L_op(self, inputs, outputs, output_grads):
         return [grad_not_implemented(self, i, x) for i, x in enumerate(inputs)]
@@ -182,11 +179,7 @@ def _numba_funcify_dopri(op, node=None, **kwargs):
     """Numba implementation (``mode="NUMBA"``, nutpie): the solver runs in object mode, so compiling the
     graph does not compile the kernels into it again (see docs/benchmarks.md) and the evaluations are
     counted in :attr:`DopriSolver.diagnostics`."""
-    solver = op.solver
-    d, k = solver.ode.n_states, solver.ode.n_theta
-
-    def forward(y0, theta):
-        return solver.forward(np.array(y0, dtype=np.float64).reshape(d), np.array(theta, dtype=np.float64).reshape(k))
+    forward = op.solver.forward
 
     @numba_njit
     def dopri_solve_op(y0, theta):
@@ -199,12 +192,7 @@ def _numba_funcify_dopri(op, node=None, **kwargs):
 
 @numba_funcify.register(DopriAdjointOp)
 def _numba_funcify_dopri_adjoint(op, node=None, **kwargs):
-    solver = op.solver
-    k = solver.ode.n_theta
-
-    def backward(theta, ts, traj, g_ys):
-        arrays = (np.ascontiguousarray(x, dtype=np.float64) for x in (ts, traj, g_ys))
-        return solver.backward(np.array(theta, dtype=np.float64).reshape(k), *arrays)
+    backward = op.solver.backward
 
     @numba_njit
     def dopri_adjoint_op(theta, ts, traj, g_ys):

@@ -60,7 +60,9 @@ class PNSolutionProblem:
         """
         ode, q, d = self.ode, self.solver.order, self.ode.n_states
         n_out, n_dir = self.times.size, self.n_directions
-        y0, theta = np.array(y0, dtype=np.float64), np.array(theta, dtype=np.float64)  # writable copies
+        # writable copies of the right sizes (the generated functions take writable arrays)
+        y0 = np.array(y0, dtype=np.float64).reshape(d)
+        theta = np.array(theta, dtype=np.float64).reshape(ode.n_theta)
         sol = solve(ode, y0, theta, (ode.t0, float(self.times[-1])), solver=self.solver, step=self.step,
                     rtol=self.rtol, atol=self.atol, save_at=self.times, smooth=False, max_steps=self.max_steps,
                     diffusion="calibrated" if self.diffusion is None else self.diffusion)
@@ -76,7 +78,7 @@ class PNSolutionProblem:
         dy, dp = np.empty((q + 1, d, d)), np.empty((q + 1, d, ode.n_theta))
         taylor_jac(y0, ode.t0, theta, dy, dp)
         dmu0 = np.concatenate([dy, dp], axis=2).reshape((q + 1) * d, n_dir)
-        dmean, dvar, _, dstat = filter_tangents(  # (EK0 does not call the second derivatives)
+        dmean, dvar, dstat = filter_tangents(  # (EK0 does not call the second derivatives)
             ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, sol._grid, sol._mus, sol._rs,
             sol._kappas, dmu0, q, d, self.solver.prior.Q_bar_sqrt, self.solver.ek1, sol._out_index,
         )
@@ -110,10 +112,7 @@ class PNSolutionOp(Op):
         return Apply(self, [pt.as_tensor_variable(y0), pt.as_tensor_variable(theta)], outputs)
 
     def perform(self, node, inputs, output_storage):
-        ode = self.problem.ode
-        y0 = np.ascontiguousarray(inputs[0], dtype=np.float64).reshape(ode.n_states)
-        theta = np.ascontiguousarray(inputs[1], dtype=np.float64).reshape(ode.n_theta)
-        for storage, value in zip(output_storage, self.problem.evaluate(y0, theta)):
+        for storage, value in zip(output_storage, self.problem.evaluate(*inputs)):
             storage[0] = value
 
     def connection_pattern(self, node):
@@ -132,11 +131,9 @@ class PNSolutionOp(Op):
 def _numba_funcify_pn_solution(op, node=None, **kwargs):
     """Numba implementation (``mode="NUMBA"``, nutpie): the solve runs in object mode."""
     problem = op.problem
-    d, k = problem.ode.n_states, problem.ode.n_theta
 
     def run(y0, theta):
-        outputs = problem.evaluate(np.ascontiguousarray(y0).reshape(d), np.ascontiguousarray(theta).reshape(k))
-        return tuple(np.ascontiguousarray(x) for x in outputs)
+        return tuple(np.ascontiguousarray(x) for x in problem.evaluate(y0, theta))
 
     @numba_njit
     def pn_solution_op(y0, theta):

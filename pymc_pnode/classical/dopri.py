@@ -24,6 +24,7 @@ import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
 from pymc_pnode.classical.rk import rk_adjoint_work, rk_step_adjoint
+from pymc_pnode.filtering.linalg import all_finite
 from pymc_pnode.filtering.odefilter import (
     STATUS_NONFINITE,
     STATUS_SUCCESS,
@@ -84,10 +85,7 @@ def dopri_forward(rhs, p, y0, t0, times, rtol, atol, max_steps):
     fb = np.empty(d)
     rhs(x, t0, p, fb)
     ks[0] = fb
-    status = STATUS_SUCCESS
-    for i in range(d):
-        if not math.isfinite(fb[i]):
-            status = STATUS_NONFINITE
+    status = STATUS_SUCCESS if all_finite(fb) else STATUS_NONFINITE
     t = t0
     h = initial_step_size(rhs, x, t0, p, rtol, atol)
     err_prev = 1.0
@@ -158,10 +156,8 @@ def dopri_backward(rhs, jac_y, jac_p, p, ts, traj, times, g_obs):
     n_theta = p.shape[0]
     lam = np.zeros(d)
     gp = np.zeros(n_theta)
-    for r in range(g_obs.shape[0]):
-        for j in range(d):
-            if not math.isfinite(g_obs[r, j]):
-                return lam, gp
+    if not all_finite(g_obs):
+        return lam, gp
     work = rk_adjoint_work(6, d, n_theta)
     x = np.empty(d)
     k = times.shape[0] - 1

@@ -39,6 +39,7 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
+from pymc_pnode.filtering.linalg import all_finite
 
 __all__ = [
     "METHODS",
@@ -284,14 +285,8 @@ def rk_backward(rhs, jac_y, jac_p, p, traj, t0, times, nsub, hsub, scheme, a, b,
     n_obs = times.shape[0]
     lam = np.zeros(d)
     gp = np.zeros(nth)
-    for r in range(traj.shape[0]):
-        for j in range(d):
-            if not math.isfinite(traj[r, j]):
-                return lam, gp
-    for r in range(n_obs):
-        for j in range(d):
-            if not math.isfinite(g_obs[r, j]):
-                return lam, gp
+    if not (all_finite(traj) and all_finite(g_obs)):
+        return lam, gp
     s = c.shape[0] if scheme == _SCHEME_RK else 3
     work = rk_adjoint_work(s, d, nth)
     xs, ks, xbar, kbar, jy, jp, xb, fb = work

@@ -49,9 +49,9 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, ts, mus, rs, kappas,
     diffusion ``kappas[n]`` of the step that ended at ``ts[n]``; ``dmu0`` (``(D, P)``) the tangent of the
     initial mean; the IWP order ``q``, states ``d`` and root ``rq`` of ``Q̄``; EK1 or EK0.
 
-    Returns ``(dmean, dvar, stat_sum, dstat)``: the tangents of ``E0 μ`` (``(K, d, P)``) and of the
-    variances ``diag(E0 Σ E0ᵀ)`` (``(K, d, P)``) at the output steps, the calibration statistic
-    ``Σ_n ẑᵀ S⁻¹ ẑ`` and its tangent (``(P,)``).
+    Returns ``(dmean, dvar, dstat)``: the tangents of ``E0 μ`` (``(K, d, P)``) and of the variances
+    ``diag(E0 Σ E0ᵀ)`` (``(K, d, P)``) at the output steps, and the tangent (``(P,)``) of the calibration
+    statistic ``Σ_n ẑᵀ S⁻¹ ẑ`` (its value is the run's own ``stat_sum``).
     """
     dd = (q + 1) * d
     n_dir = dmu0.shape[1]
@@ -59,7 +59,6 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, ts, mus, rs, kappas,
     dmean = np.zeros((n_out, d, n_dir))
     dvar = np.zeros((n_out, d, n_dir))
     dstat = np.zeros(n_dir)
-    stat_sum = 0.0
     qbar = rq.T @ rq
     dmu = np.ascontiguousarray(dmu0).copy()  # (D, P)
     dsig = np.zeros((n_dir, dd, dd))
@@ -115,7 +114,6 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, ts, mus, rs, kappas,
         s_inv = np.linalg.inv(s_mat)
         gain = ph @ s_inv
         s_inv_z = s_inv @ z
-        stat_sum += z @ s_inv_z
         b_mat = np.eye(dd) - gain @ h_mat
         sig_post = b_mat @ sig_pred @ b_mat.T
         for j in range(n_dir):
@@ -152,4 +150,4 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, ts, mus, rs, kappas,
                     dmean[k_out, k, j] = dmu[k, j]
                     dvar[k_out, k, j] = dsig[j, k, k]
             k_out += 1
-    return dmean, dvar, stat_sum, dstat
+    return dmean, dvar, dstat
