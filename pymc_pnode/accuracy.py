@@ -54,10 +54,15 @@ def _before_fork() -> None:
 os.register_at_fork(before=_before_fork)
 
 
+def _spool_files(key: str) -> list[str]:
+    """The spool files of the counts ``key``, one per process that wrote them."""
+    return glob.glob(os.path.join(_SPOOL_DIR, f"{key}.*.json"))
+
+
 @atexit.register
 def _remove_spool_files() -> None:
     for key in _SHARED_KEYS:
-        for path in glob.glob(os.path.join(_SPOOL_DIR, f"{key}.*.json")):
+        for path in _spool_files(key):
             with contextlib.suppress(OSError):
                 os.remove(path)
 
@@ -67,7 +72,7 @@ __all__ = ["AccuracyWarning", "SolverDiagnostics"]
 def _spool_writers(key: str, since: float) -> set[int]:
     """Process ids whose spool files of ``key`` were written at or after ``since`` (a ``time.time()``)."""
     pids = set()
-    for path in glob.glob(os.path.join(_SPOOL_DIR, f"{key}.*.json")):
+    for path in _spool_files(key):
         with contextlib.suppress(OSError, ValueError):
             if os.path.getmtime(path) >= since - 1.0:
                 pids.add(int(path.rsplit(".", 2)[1]))
@@ -197,7 +202,7 @@ class SolverDiagnostics:
     def merged(self) -> "SolverDiagnostics":
         """These counts plus those that copies in other processes have written (a snapshot)."""
         total = dataclasses.replace(self)
-        for path in glob.glob(os.path.join(_SPOOL_DIR, f"{self.key}.*.json")):
+        for path in _spool_files(self.key):
             if path.endswith(f".{os.getpid()}.json"):
                 continue
             try:
