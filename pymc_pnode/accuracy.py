@@ -2,7 +2,7 @@
 
 A likelihood evaluated with a fixed step is only as accurate as the step is fine for the parameter
 values the sampler visits. Every evaluation computes the filter's own local error estimate
-(:func:`pymc_pnode.filtering.odefilter.local_error`); :class:`SolverDiagnostics` counts what happened
+(:func:`pymc_pnode.filtering.calibration.local_error`); :class:`SolverDiagnostics` counts what happened
 and warns, once per likelihood and process, when the step is too coarse.
 
 Counts made in other processes (the chains of ``pm.sample(cores>1)``) reach the process that built the

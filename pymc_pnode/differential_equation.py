@@ -19,15 +19,14 @@ import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType, grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
-from pytensor.link.numba.dispatch import numba_funcify
-from pytensor.link.numba.dispatch.basic import numba_njit
 
+from pymc_pnode._jit import register_object_mode
 from pymc_pnode.accuracy import SolverDiagnostics
 from pymc_pnode.classical.dopri import dopri_backward, dopri_forward
-from pymc_pnode.filtering.odefilter import STATUS_SUCCESS
+from pymc_pnode.filtering.stepping import STATUS_SUCCESS
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import validate_times
+from pymc_pnode.validation import validate_times
 
 __all__ = ["DifferentialEquation", "DopriSolver", "flag_failed_solve"]
 
@@ -61,7 +60,7 @@ class DopriSolver:
         if not control.adaptive:
             raise ValueError("DopriSolver chooses its own steps: control.step must be None")
         self.ode = ode
-        self.times = validate_times(times, (ode.t0, np.inf), "times")
+        self.times = validate_times(times, "times", start=ode.t0)
         self.control = control
         self.diagnostics = SolverDiagnostics(label, None, 5)
 
@@ -174,33 +173,14 @@ class DopriAdjointOp(Op):
         return [grad_not_implemented(self, i, x) for i, x in enumerate(inputs)]
 
 
-@numba_funcify.register(DopriSolveOp)
-def _numba_funcify_dopri(op, node=None, **kwargs):
-    """Numba implementation (``mode="NUMBA"``, nutpie): the solver runs in object mode, so compiling the
-    graph does not compile the kernels into it again (see docs/benchmarks.md) and the evaluations are
-    counted in :attr:`DopriSolver.diagnostics`."""
-    forward = op.solver.forward
-
-    @numba_njit
-    def dopri_solve_op(y0, theta):
-        with nb.objmode(ys="float64[:, ::1]", ts="float64[::1]", traj="float64[:, ::1]", log_ok="float64[::1]"):
-            ys, ts, traj, log_ok = forward(y0, theta)
-        return ys, ts, traj, log_ok
-
-    return dopri_solve_op
-
-
-@numba_funcify.register(DopriAdjointOp)
-def _numba_funcify_dopri_adjoint(op, node=None, **kwargs):
-    backward = op.solver.backward
-
-    @numba_njit
-    def dopri_adjoint_op(theta, ts, traj, g_ys):
-        with nb.objmode(g_y0="float64[::1]", g_theta="float64[::1]"):
-            g_y0, g_theta = backward(theta, ts, traj, g_ys)
-        return g_y0, g_theta
-
-    return dopri_adjoint_op
+# Under nutpie / mode="NUMBA" the solver runs in object mode, so compiling the graph does not compile the
+# kernels into it again (see docs/benchmarks.md) and the evaluations are counted in DopriSolver.diagnostics.
+register_object_mode(
+    DopriSolveOp,
+    nb.types.Tuple((nb.float64[:, ::1], nb.float64[::1], nb.float64[:, ::1], nb.float64[::1])),
+    lambda op: op.solver.forward,
+)
+register_object_mode(DopriAdjointOp, nb.types.UniTuple(nb.float64[::1], 2), lambda op: op.solver.backward)
 
 
 class DifferentialEquation:

@@ -19,14 +19,14 @@ import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
-from pytensor.link.numba.dispatch import numba_funcify
-from pytensor.link.numba.dispatch.basic import numba_njit
 
+from pymc_pnode._jit import register_object_mode
 from pymc_pnode.differential_equation import flag_failed_solve
 from pymc_pnode.filtering.tangents import filter_tangents
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import EK1, _ODEFilter, solve, validate_times
+from pymc_pnode.solve import EK1, _ODEFilter, solve
+from pymc_pnode.validation import validate_times
 
 __all__ = ["PNSolutionProblem", "probabilistic_solution"]
 
@@ -127,22 +127,22 @@ class PNSolutionOp(Op):
         return [total[:d], total[d:]]
 
 
-@numba_funcify.register(PNSolutionOp)
-def _numba_funcify_pn_solution(op, node=None, **kwargs):
-    """Numba implementation (``mode="NUMBA"``, nutpie): the solve runs in object mode."""
+def _pn_solution_run(op):
     problem = op.problem
 
     def run(y0, theta):
         return tuple(np.ascontiguousarray(x) for x in problem.evaluate(y0, theta))
 
-    @numba_njit
-    def pn_solution_op(y0, theta):
-        with nb.objmode(mean="float64[:, ::1]", std="float64[:, ::1]", jac_mean="float64[:, :, ::1]",
-                        jac_std="float64[:, :, ::1]", log_ok="float64[::1]"):
-            mean, std, jac_mean, jac_std, log_ok = run(y0, theta)
-        return mean, std, jac_mean, jac_std, log_ok
+    return run
 
-    return pn_solution_op
+
+# Under nutpie / mode="NUMBA" the solve runs in object mode.
+register_object_mode(
+    PNSolutionOp,
+    nb.types.Tuple((nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[:, :, ::1], nb.float64[:, :, ::1],
+                    nb.float64[::1])),
+    _pn_solution_run,
+)
 
 
 def probabilistic_solution(
@@ -200,7 +200,7 @@ def probabilistic_solution(
     solver = EK1(order=3) if solver is None else solver
     if not isinstance(solver, _ODEFilter):
         raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
-    times = validate_times(times, (ode.t0, math.inf), "times")
+    times = validate_times(times, "times", start=ode.t0)
     if times[-1] <= ode.t0:
         raise ValueError(f"times must reach beyond the ODE's t0={ode.t0}")
     fixed = isinstance(diffusion, (int, float)) and not isinstance(diffusion, bool)

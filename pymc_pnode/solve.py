@@ -8,19 +8,25 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
+from pymc_pnode.filtering.calibration import global_kappa
 from pymc_pnode.filtering.odefilter import (
     DIFFUSION_FIXED,
     DIFFUSION_GLOBAL,
     DIFFUSION_LOCAL,
+    Diffusion,
+    run_filter,
+)
+from pymc_pnode.filtering.smoother import BackwardKernel, interpolate, sample_backward, smooth
+from pymc_pnode.filtering.stepping import (
     STATUS_MESSAGES,
     STATUS_NONFINITE,
     STATUS_SUCCESS,
+    Stepping,
     initial_step_size,
-    run_filter,
 )
-from pymc_pnode.filtering.smoother import interpolate, sample_backward, smooth
 from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
+from pymc_pnode.validation import as_positive_int, validate_step, validate_t_span, validate_times
 
 __all__ = ["EK0", "EK1", "ProbabilisticSolution", "solve"]
 
@@ -88,39 +94,6 @@ def _diffusion_mode(diffusion) -> tuple[int, float]:
     return DIFFUSION_FIXED, value
 
 
-def as_float_array(value, name: str) -> np.ndarray:
-    """``value`` as a float64 array; a ``ValueError`` naming ``name`` when it is not numeric."""
-    try:
-        return np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{name} must be numeric, got {type(value).__name__} that cannot be "
-                         f"converted to floats ({err})") from err
-
-
-def validate_times(times, t_span: tuple[float, float], name: str) -> np.ndarray:
-    """Strictly increasing finite times inside ``t_span``; ``ValueError`` naming ``name`` otherwise."""
-    arr = np.atleast_1d(as_float_array(times, name))
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-d sequence of times")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite")
-    if np.any(np.diff(arr) <= 0):
-        raise ValueError(f"{name} must be strictly increasing")
-    if arr[0] < t_span[0] or arr[-1] > t_span[1]:
-        raise ValueError(f"{name} must lie inside t_span={t_span}, got [{arr[0]}, {arr[-1]}]")
-    return arr
-
-
-def validate_t_span(t_span) -> tuple[float, float]:
-    try:
-        t0, t1 = (float(v) for v in t_span)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"t_span must be a pair (t0, t1), got {t_span!r}") from err
-    if not (math.isfinite(t0) and math.isfinite(t1) and t1 > t0):
-        raise ValueError(f"t_span must be finite with t1 > t0, got {t_span!r}")
-    return t0, t1
-
-
 def fixed_grid(stops: np.ndarray, step: float) -> np.ndarray:
     """Grid with steps of at most ``step`` that contains every entry of ``stops`` exactly."""
     pieces = [stops[:1]]
@@ -174,7 +147,7 @@ class ProbabilisticSolution:
         rq = self.solver.prior.Q_bar_sqrt
         if self._grid.size < 2:
             empty = np.zeros((self._grid.size,) + self._rs.shape[1:])
-            return self._mus, self._rs, empty, np.zeros_like(self._mus), empty
+            return self._mus, self._rs, BackwardKernel(empty, np.zeros_like(self._mus), empty)
         return smooth(self._grid, self._mus, self._rs, self._kappas, q, self.ode.n_states, rq)
 
     def _state(self):
@@ -213,15 +186,15 @@ class ProbabilisticSolution:
         if int(n) != n or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         rng = np.random.default_rng(rng)
-        _, _, gs, ds, lams = self._smoothing
+        kernels = self._smoothing[2]
         z = rng.standard_normal((int(n),) + self._mus.shape)
-        draws = sample_backward(self._mus[-1], self._rs[-1], gs, ds, lams, z)
+        draws = sample_backward(self._mus[-1], self._rs[-1], kernels, z)
         return draws[:, self._out_index, : self.ode.n_states]
 
     def interpolate(self, times) -> tuple[np.ndarray, np.ndarray]:
         """Dense output: smoothed mean ``(T', d)`` and covariance ``(T', d, d)`` at any ``times``."""
-        times = validate_times(times, (self._grid[0], self._grid[-1]), "times")
-        mus_s, rs_s = self._smoothing[:2]
+        times = validate_times(times, "times", span=(self._grid[0], self._grid[-1]))
+        smoothed = self._smoothing[:2]
         q, d = self.solver.order, self.ode.n_states
         rq = self.solver.prior.Q_bar_sqrt
         dd = (q + 1) * d
@@ -230,7 +203,7 @@ class ProbabilisticSolution:
         mu = np.empty(dd)
         r = np.empty((dd, dd))
         for i, t in enumerate(times):
-            interpolate(t, self._grid, self._mus, self._rs, self._kappas, mus_s, rs_s, q, d, rq, mu, r)
+            interpolate(t, self._grid, self._mus, self._rs, self._kappas, smoothed, rq, q, d, (mu, r))
             mean[i] = mu[:d]
             cov[i] = r[:, :d].T @ r[:, :d]
         return mean, cov
@@ -314,7 +287,7 @@ def solve(
         Adaptive solves fail when the step size collapses or ``max_steps`` is reached; fixed-step
         solves fail at the first step whose predictor–corrector difference or integrated residual
         is as large as the solution itself
-        (:func:`~pymc_pnode.filtering.odefilter.fixed_step_failed`; one extra evaluation of ``f``
+        (:func:`~pymc_pnode.filtering.stepping.fixed_step_failed`; one extra evaluation of ``f``
         per step). Both fail on non-finite values.
 
     Raises
@@ -333,20 +306,14 @@ def solve(
     mode, kappa = _diffusion_mode(diffusion)
     adaptive = step is None
     if not adaptive:
-        step = float(step)
-        if not (step > 0 and math.isfinite(step)):
-            raise ValueError(f"step must be positive and finite, got {step!r}")
-        if step > t1 - t0:
-            raise ValueError(f"step must not exceed the time span t_span[1] - t_span[0] = {t1 - t0!r}, "
-                             f"got {step!r}")
+        step = validate_step(step, t1 - t0)
     else:
         if not (rtol > 0 and atol > 0):
             raise ValueError(f"rtol and atol must be positive, got rtol={rtol!r}, atol={atol!r}")
-    if int(max_steps) != max_steps or max_steps < 1:
-        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    max_steps = as_positive_int(max_steps, "max_steps")
     stops = np.array([t0, t1])
     if save_at is not None:
-        save = validate_times(save_at, (t0, t1), "save_at")
+        save = validate_times(save_at, "save_at", span=(t0, t1))
         stops = np.union1d(stops, save)
     grid = fixed_grid(stops, step) if not adaptive else stops
 
@@ -364,15 +331,15 @@ def solve(
         status, stat_sum = STATUS_NONFINITE, 0.0
     else:
         h0 = initial_step_size(ode.rhs, y0, t0, theta, float(rtol), float(atol)) if adaptive else 0.0
-        ts, mus, rs, kap, n_acc, n_rej, n_f, status, stat_sum = run_filter(
-            ode.rhs, ode.jac_y, theta, mu0, q, d, prior.Q_bar_sqrt, solver.ek1, mode, kappa,
-            adaptive, grid, min(h0, t1 - t0), float(rtol), float(atol), int(max_steps),
-        )
+        stepping = Stepping(adaptive, min(h0, t1 - t0), float(rtol), float(atol), int(max_steps), False)
+        run, counts = run_filter(ode.rhs, ode.jac_y, theta, solver.ek1, mu0, prior.Q_bar_sqrt,
+                                 Diffusion(mode, kappa), stepping, grid)
+        ts, mus, rs, kap = run.grid, run.mu, run.r, run.kappa
+        n_acc, n_rej, n_f, status, stat_sum = counts.n_steps, counts.n_rejected, counts.n_f_evals, counts.status, \
+            counts.stat_sum
     sigma2 = kappa
     if mode == DIFFUSION_GLOBAL:
-        sigma2 = stat_sum / (n_acc * d) if n_acc > 0 else 1.0
-        if not (sigma2 > 0 and math.isfinite(sigma2)):
-            sigma2 = 1e-300 if sigma2 == 0 else sigma2
+        sigma2 = global_kappa(stat_sum, n_acc, d)
         rs = rs * math.sqrt(sigma2)
         kap = np.full_like(kap, sigma2)
     elif mode == DIFFUSION_LOCAL:

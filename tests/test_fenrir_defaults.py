@@ -14,7 +14,8 @@ from scipy.integrate import solve_ivp
 from scipy.stats import norm
 
 import pymc_pnode as pn
-from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL, propose_step
+from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
+from pymc_pnode.filtering.stepping import propose_step
 from pymc_pnode.likelihoods.fenrir import FenrirProblem, StepControl
 
 

@@ -4,11 +4,11 @@ import numba as nb
 import numpy as np
 import pytest
 
+from pymc_pnode._jit import slp_vectorization
 from pymc_pnode.filtering.linalg import (
     copy_transposed,
     matmul,
     matmul_tn,
-    slp_vectorization,
     solve_gram_inplace,
     tria_cols_inplace,
 )

@@ -5,7 +5,7 @@ import inspect
 from numba.core import caching
 
 from pymc_pnode import _numba_cache
-from pymc_pnode.filtering.odefilter import propose_step
+from pymc_pnode.filtering.stepping import propose_step
 
 
 def _locator(func):

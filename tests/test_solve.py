@@ -356,7 +356,7 @@ def test_coarse_but_stable_fixed_steps_still_succeed(case, lv_ode, fhn_ode):
 
 
 def test_fixed_step_failure_criterion_semantics():
-    from pymc_pnode.filtering.odefilter import fixed_step_failed
+    from pymc_pnode.filtering.stepping import fixed_step_failed
 
     d = 2
     prev = np.array([1.0, 0.0, 0.0, 1.0])  # y = (1, 0), y' = (0, 1)

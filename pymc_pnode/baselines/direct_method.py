@@ -33,14 +33,11 @@ import numpy as np
 from scipy.optimize import minimize
 
 from pymc_pnode._codegen import MAT_FN, SIG_MAT, SIG_VEC, VEC_FN
+from pymc_pnode._jit import JIT
 from pymc_pnode.baselines._fastcall import bind_functions
-from pymc_pnode.baselines._inputs import (
-    as_positive_float,
-    as_positive_int,
-    validate_bounds,
-    validate_observations,
-)
+from pymc_pnode.baselines._inputs import validate_observations
 from pymc_pnode.baselines.result import EstimationResult
+from pymc_pnode.validation import as_positive_float, as_positive_int, validate_bounds, validate_times
 
 __all__ = [
     "ADAMS_BASHFORTH",
@@ -49,7 +46,6 @@ __all__ = [
     "direct_method",
 ]
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True)
 
 # Adams–Bashforth coefficients beta^(s)_j (row s-1, j = 0..s-1; f_i first), s = 1..5.
 ADAMS_BASHFORTH = np.zeros((5, 5))
@@ -69,7 +65,7 @@ _OBJ_SIG = nb.float64(
 )
 
 
-@nb.njit(_OBJ_SIG, **_JIT)
+@nb.njit(_OBJ_SIG, **JIT)
 def discretization_objective(
     rhs, jac_y, jac_p, x, times, theta, h, order, beta, want_gx, want_gtheta, gx, gtheta
 ):  # pragma: no cover - numba
@@ -130,7 +126,7 @@ _PRED_SIG = nb.void(
 )
 
 
-@nb.njit(_PRED_SIG, **_JIT)
+@nb.njit(_PRED_SIG, **JIT)
 def _ab_predict_kernel(rhs, x1, times, theta, h, order, beta, out):  # pragma: no cover - numba
     n, d = out.shape
     f = np.empty((n, d))
@@ -177,11 +173,9 @@ class DirectMethodObjective:
     def __init__(self, ode, times, order: int = 3):
         self.ode = ode
         self.order = _validate_order(order)
-        self.times = np.ascontiguousarray(times, dtype=np.float64).reshape(-1)
-        if self.times.size < 2 or not np.all(np.isfinite(self.times)) or np.any(
-            np.diff(self.times) <= 0
-        ):
-            raise ValueError("times must be a finite, strictly increasing array of length >= 2")
+        self.times = validate_times(times, "times")
+        if self.times.size < 2:
+            raise ValueError(f"times must contain at least two grid points, got {self.times.size}")
         self.h = _validate_grid(self.times, self.order)
         self.d, self.k = ode.n_states, ode.n_theta
         self.shape = (self.times.size, self.d)

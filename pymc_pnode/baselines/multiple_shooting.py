@@ -29,12 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.optimize import minimize
 
-from pymc_pnode.baselines._inputs import (
-    as_positive_float,
-    as_positive_int,
-    validate_bounds,
-    validate_observations,
-)
+from pymc_pnode.baselines._inputs import validate_observations
 from pymc_pnode.baselines.result import EstimationResult
 from pymc_pnode.baselines.sensitivities import (
     DEFAULT_MAX_NFEV,
@@ -42,6 +37,7 @@ from pymc_pnode.baselines.sensitivities import (
     integrate,
     validate_method,
 )
+from pymc_pnode.validation import as_positive_float, as_positive_int, validate_bounds
 
 __all__ = ["MultipleShootingProblem", "multiple_shooting", "shooting_trajectories"]
 

@@ -35,6 +35,8 @@ import numpy as np
 from scipy import sparse
 from scipy.integrate import solve_ivp
 
+from pymc_pnode.validation import validate_times
+
 __all__ = [
     "EXPLICIT_METHODS",
     "IMPLICIT_METHODS",
@@ -252,9 +254,7 @@ def integrate(
     y0 = ode.validate_y0(y0)
     theta = ode.validate_theta(theta)
     t0 = float(ode.t0 if t0 is None else t0)
-    times = np.asarray(times, dtype=np.float64).reshape(-1)
-    if times.size == 0 or np.any(np.diff(times) <= 0) or times[0] < t0 or not np.all(np.isfinite(times)):
-        raise ValueError("times must be a non-empty, finite, strictly increasing array with times >= t0")
+    times = validate_times(times, "times", start=t0)
     if not (rtol > 0 and atol > 0):
         raise ValueError(f"rtol and atol must be positive, got rtol={rtol}, atol={atol}")
     if int(max_nfev) != max_nfev or max_nfev < 1:

@@ -23,6 +23,8 @@ import math
 import numba as nb
 import numpy as np
 
+from pymc_pnode._jit import JIT
+
 __all__ = [
     "KERNELS",
     "SQUARED_EXPONENTIAL",
@@ -39,7 +41,6 @@ UNIFORM = 0
 SQUARED_EXPONENTIAL = 1
 KERNELS = {"uniform": UNIFORM, "squared_exponential": SQUARED_EXPONENTIAL}
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True)
 _SQRT_PI = math.sqrt(math.pi)
 
 
@@ -50,7 +51,7 @@ def kernel_code(kernel: str) -> int:
     return KERNELS[kernel]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _phi(d: float, lam: float, kind: int) -> tuple[float, float]:
     """``c phi(d)`` and its ``lam``-derivative."""
     if kind == UNIFORM:
@@ -62,7 +63,7 @@ def _phi(d: float, lam: float, kind: int) -> tuple[float, float]:
     return _SQRT_PI * lam * e, _SQRT_PI * e * (1.0 + 2.0 * q)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _phi1(d: float, lam: float, kind: int) -> tuple[float, float]:
     """``c Phi1(d)`` (odd) and its ``lam``-derivative."""
     if kind == UNIFORM:
@@ -76,7 +77,7 @@ def _phi1(d: float, lam: float, kind: int) -> tuple[float, float]:
     return math.pi * lam * lam * er, 2.0 * math.pi * lam * er - _SQRT_PI * d * math.exp(-x * x)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _phi2(d: float, lam: float, kind: int) -> tuple[float, float]:
     """``c Phi2(d)`` (even) and its ``lam``-derivative."""
     a = abs(d)
@@ -92,13 +93,13 @@ def _phi2(d: float, lam: float, kind: int) -> tuple[float, float]:
     return val, der
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def kt(a: float, b: float, lam: float, kind: int) -> tuple[float, float]:
     """Derivative covariance ``cov(u_t(a), u_t(b))`` at ``alpha = 1`` and its ``lam``-derivative."""
     return _phi(a - b, lam, kind)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def kx(a: float, b: float, lam: float, kind: int) -> tuple[float, float]:
     """``cov(u(a), u_t(b))`` at ``alpha = 1`` (times from ``t0``) and its ``lam``-derivative."""
     p1, d1 = _phi1(b, lam, kind)
@@ -106,7 +107,7 @@ def kx(a: float, b: float, lam: float, kind: int) -> tuple[float, float]:
     return p1 - p2, d1 - d2
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def kx_far(b: float, lam: float, kind: int) -> tuple[float, float]:
     """``kx(a, b)`` as ``a - b -> infinity`` (exact for the uniform kernel once ``a - b >= 2 lam``)."""
     p1, d1 = _phi1(b, lam, kind)
@@ -115,7 +116,7 @@ def kx_far(b: float, lam: float, kind: int) -> tuple[float, float]:
     return p1 + math.pi * lam * lam, d1 + 2.0 * math.pi * lam
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def kc(a: float, b: float, lam: float, kind: int) -> tuple[float, float]:
     """``cov(u(a), u(b))`` at ``alpha = 1`` (times from ``t0``) and its ``lam``-derivative."""
     pa, da = _phi2(a, lam, kind)

@@ -13,6 +13,7 @@ from pymc_pnode.chkrebtii.kernels import kernel_code
 from pymc_pnode.chkrebtii.recursion import LAG_CONSTANT, LAG_FUNCTION, LAG_NONE
 from pymc_pnode.chkrebtii.structure import noise_code
 from pymc_pnode.ode import ODE
+from pymc_pnode.validation import validate_times
 
 __all__ = ["Discretisation", "FieldSpec", "discretisation", "field_spec", "positive_parameter"]
 
@@ -78,13 +79,7 @@ def discretisation(t_span, n_grid, times, kernel: str, noise: str, jitter: float
         arr = t0 + (t1 - t0) * np.arange(n_grid) / (n_grid - 1)
         arr[-1] = t1
     else:
-        arr = np.asarray(times, dtype=np.float64)
-        if arr.ndim != 1 or arr.size == 0:
-            raise ValueError(f"times must be a non-empty 1-d array, got shape {arr.shape}")
-        if not np.all(np.isfinite(arr)):
-            raise ValueError("times must be finite")
-        if np.any(np.diff(arr) <= 0.0):
-            raise ValueError("times must be strictly increasing")
+        arr = validate_times(times, "times")
         tol = 1e-12 * (t1 - t0)
         if arr[0] < t0 - tol or arr[-1] > t1 + tol:
             raise ValueError(

@@ -27,6 +27,7 @@ import math
 import numba as nb
 import numpy as np
 
+from pymc_pnode._jit import JIT
 from pymc_pnode.chkrebtii.callbacks import call_fn
 
 __all__ = ["LAG_CONSTANT", "LAG_FUNCTION", "LAG_NONE", "backward", "forward", "readonly"]
@@ -35,7 +36,6 @@ LAG_NONE = 0
 LAG_CONSTANT = 1  # history phi(t) = y0 for t <= t0
 LAG_FUNCTION = 2  # history phi(t, theta) compiled from a user function
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True)
 
 # Inputs are read-only C-contiguous arrays (PyTensor passes constants read-only); see ``readonly``.
 _F1 = nb.types.Array(nb.float64, 1, "C", readonly=True)
@@ -63,7 +63,7 @@ def readonly(x, dtype=np.float64) -> np.ndarray:
     return arr
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _lag_position(a, h, n):
     """Bracketing grid index ``j`` and weight of ``a > 0`` with ``j + 1 <= n``."""
     x = a / h
@@ -73,7 +73,7 @@ def _lag_position(a, h, n):
     return j, x - j
 
 
-@nb.njit(_ARGS, **_JIT)
+@nb.njit(_ARGS, **JIT)
 def forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt,
             wv, cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing):
     """One realisation of Algorithm 1 given all its standard-normal innovations.
@@ -166,7 +166,7 @@ def forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, y0, theta, z, zt, lb, gin
     return out, outm, u, e, paug, status
 
 
-@nb.njit((*_ARGS, nb.float64[:, ::1]), **_JIT)
+@nb.njit((*_ARGS, nb.float64[:, ::1]), **JIT)
 def backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt,
              wv, cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing, ubar):
     """Reverse-mode gradient of ``forward``'s output ``U`` contracted with ``ubar`` (shape ``(T, d)``).

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from pymc_pnode._jit import JIT
 from pymc_pnode.chkrebtii.kernels import UNIFORM, kc, kt, kx, kx_far
 
 __all__ = [
@@ -43,7 +44,6 @@ CODE = 1
 ZERO = 2
 NOISE_RULES = {"paper": PAPER, "code": CODE, "zero": ZERO}
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True)
 
 
 def noise_code(noise: str) -> int:
@@ -53,7 +53,7 @@ def noise_code(noise: str) -> int:
     return NOISE_RULES[noise]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _bandwidth(n_grid: int, span: float, lam: float, kind: int) -> int:
     """Largest grid offset ``o`` with ``K(o h) != 0`` (``N - 1`` for the squared exponential)."""
     if kind != UNIFORM:
@@ -64,7 +64,7 @@ def _bandwidth(n_grid: int, span: float, lam: float, kind: int) -> int:
     return w
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _clipped_cholesky(a, da, tangent):
     """Lower Cholesky factor of the symmetric PSD matrix ``a`` (and its tangent along ``da``).
 
@@ -100,7 +100,7 @@ def _clipped_cholesky(a, da, tangent):
     return lo, dlo
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def component_structure(n_grid, span, times, lam, kind, noise, jitter, tangent):
     """Covariance structure of one state component at ``alpha = 1``.
 
@@ -289,7 +289,7 @@ def component_structure(n_grid, span, times, lam, kind, noise, jitter, tangent):
 _RO1 = nb.types.Array(nb.float64, 1, "C", readonly=True)
 
 
-@nb.njit((nb.int64, nb.float64, _RO1, _RO1, nb.int64, nb.int64, nb.float64, nb.boolean), **_JIT)
+@nb.njit((nb.int64, nb.float64, _RO1, _RO1, nb.int64, nb.int64, nb.float64, nb.boolean), **JIT)
 def stacked_structure(n_grid, span, times, lam, kind, noise, jitter, tangent):
     """:func:`component_structure` of every component ``c`` (length-scale ``lam[c]``), padded to the
     largest bandwidth ``W``: ``(lb, ginf, gn, sd, hh, lt, w)`` of shapes ``(C, N, W + 1)``, ``(C, N)``,

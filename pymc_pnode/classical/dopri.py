@@ -6,7 +6,7 @@ embedded fourth-order solution as the local error estimate, and the last stage r
 of the next step (FSAL). Steps are accepted when the scaled error
 :math:`\sqrt{\tfrac1d\sum_i (e_i / (\mathrm{atol} + \mathrm{rtol}\max(|y_{n,i}|, |y_{n+1,i}|)))^2} \le 1`
 and chosen by the same controller and landing rule as the ODE filters
-(:func:`~pymc_pnode.filtering.odefilter.propose_step`, :func:`~pymc_pnode.filtering.odefilter.control_step`):
+(:func:`~pymc_pnode.filtering.stepping.propose_step`, :func:`~pymc_pnode.filtering.stepping.control_step`):
 every output time is hit exactly, without sliver steps.
 
 The gradient is that of the discrete map on the chosen grid, the grid held fixed (as in the
@@ -23,9 +23,10 @@ import numba as nb
 import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
+from pymc_pnode._jit import JIT
 from pymc_pnode.classical.rk import rk_adjoint_work, rk_step_adjoint
 from pymc_pnode.filtering.linalg import all_finite
-from pymc_pnode.filtering.odefilter import (
+from pymc_pnode.filtering.stepping import (
     STATUS_NONFINITE,
     STATUS_SUCCESS,
     control_step,
@@ -36,7 +37,6 @@ from pymc_pnode.filtering.odefilter import (
 
 __all__ = ["DOPRI5", "dopri_backward", "dopri_forward"]
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True)
 
 # Butcher tableau of DOPRI5 (Dormand & Prince, 1980); the seventh row of A is the fifth-order b.
 _A = np.zeros((7, 7))
@@ -59,7 +59,7 @@ _W1 = nb.float64[::1]
 _FORWARD_SIG = (VEC_FN, _W1, _R1, nb.float64, _R1, nb.float64, nb.float64, nb.int64)
 
 
-@nb.njit(_FORWARD_SIG, **_JIT)
+@nb.njit(_FORWARD_SIG, **JIT)
 def dopri_forward(rhs, p, y0, t0, times, rtol, atol, max_steps):
     """Solve from ``t0`` through every time of ``times`` with error-controlled DOPRI5 steps.
 
@@ -143,7 +143,7 @@ def dopri_forward(rhs, p, y0, t0, times, rtol, atol, max_steps):
 _BACKWARD_SIG = (VEC_FN, MAT_FN, MAT_FN, _W1, _R1, _R2, _R1, _R2)
 
 
-@nb.njit(_BACKWARD_SIG, **_JIT)
+@nb.njit(_BACKWARD_SIG, **JIT)
 def dopri_backward(rhs, jac_y, jac_p, p, ts, traj, times, g_obs):
     """Discrete adjoint on the grid ``ts`` of :func:`dopri_forward`: ``(dL/dy0, dL/dp)`` for ``g_obs = dL/dys``.
 

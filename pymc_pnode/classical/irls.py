@@ -28,6 +28,7 @@ from threadpoolctl import threadpool_limits
 
 from pymc_pnode.classical.isotonic import isotonic_weights, weight_objective
 from pymc_pnode.classical.rk import FixedStepSolver
+from pymc_pnode.validation import validate_obs_matrix
 
 __all__ = ["STATIONARITY_TOL", "IRLSHistory", "IRLSResult", "WeightedLSProblem", "irls_fit"]
 
@@ -56,13 +57,7 @@ def _positive_vector(x, size: int, name: str) -> np.ndarray:
 
 
 def _obs_matrix(obs_matrix, n_states: int) -> np.ndarray:
-    if obs_matrix is None:
-        return np.eye(n_states)
-    h = np.atleast_2d(np.asarray(obs_matrix, dtype=np.float64))
-    if h.ndim != 2 or h.shape[1] != n_states:
-        raise ValueError(f"obs_matrix must have shape (J, {n_states}), got {np.shape(obs_matrix)}")
-    if not np.all(np.isfinite(h)):
-        raise ValueError("obs_matrix must be finite")
+    h = validate_obs_matrix(obs_matrix, n_states)
     if np.linalg.matrix_rank(h) < h.shape[0]:
         raise ValueError("obs_matrix must have full row rank")
     return np.ascontiguousarray(h)

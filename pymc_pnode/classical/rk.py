@@ -39,7 +39,9 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
+from pymc_pnode._jit import JIT
 from pymc_pnode.filtering.linalg import all_finite
+from pymc_pnode.validation import validate_times
 
 __all__ = [
     "METHODS",
@@ -49,7 +51,6 @@ __all__ = [
     "rk_solve",
 ]
 
-_JIT = dict(cache=True, error_model="numpy", nogil=True)
 
 _SCHEME_RK = 0
 _SCHEME_SV = 1
@@ -92,7 +93,7 @@ METHODS: dict[str, int] = {
 # them array *views* (``xs[i]``) costs ~5x more per call than whole 1-d buffers (measured), so every
 # call below goes through the dedicated buffers ``xb`` (argument) and ``fb`` (result). The helpers
 # are inlined: a real call passing a dozen arrays pays reference counting on each of them.
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **JIT)
 def _rk_stages(rhs, x, t, h, p, a, c, xs, ks, xb, fb):
     """Stage points ``xs[i]`` and slopes ``ks[i] = f(xs[i], t + c_i h)`` of one explicit RK step."""
     s = c.shape[0]
@@ -110,7 +111,7 @@ def _rk_stages(rhs, x, t, h, p, a, c, xs, ks, xb, fb):
             ks[i, m] = fb[m]
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **JIT)
 def _sv_stages(rhs, x, t, h, p, ys, fs, xb, fb):
     """The three evaluation points ``ys`` and fields ``fs`` of one drift–kick–drift step."""
     d = x.shape[0]
@@ -139,7 +140,7 @@ def _sv_stages(rhs, x, t, h, p, ys, fs, xb, fb):
         fs[2, i] = fb[i]
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **JIT)
 def _stage_vjp(jac_y, jac_p, ys, st, t, p, fbar, ybar, gp, jy, jp, xb):
     """``ybar[st] = (df/dy)^T fbar`` and ``gp += (df/dp)^T fbar`` at the point ``ys[st]``."""
     d = ys.shape[1]
@@ -165,7 +166,7 @@ def _stage_vjp(jac_y, jac_p, ys, st, t, p, fbar, ybar, gp, jy, jp, xb):
 RKAdjointWork = namedtuple("RKAdjointWork", "xs ks xbar kbar jy jp xb fb")
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def rk_adjoint_work(s: int, d: int, n_theta: int) -> RKAdjointWork:
     return RKAdjointWork(
         np.empty((s, d)), np.empty((s, d)), np.zeros((s, d)), np.empty(d), np.empty((d, d)),
@@ -173,7 +174,7 @@ def rk_adjoint_work(s: int, d: int, n_theta: int) -> RKAdjointWork:
     )
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **JIT)
 def rk_step_adjoint(rhs, jac_y, jac_p, x, t, h, p, a, b, c, lam, gp, work):
     """Reverse one explicit RK step from ``x`` at ``t``.
 
@@ -211,7 +212,7 @@ _RI1 = nb.types.Array(nb.int64, 1, "C", readonly=True)
 _FORWARD_SIG = (VEC_FN, _W1, _R1, nb.float64, _R1, _RI1, _R1, nb.int64, _R2, _R1, _R1)
 
 
-@nb.njit(_FORWARD_SIG, **_JIT)
+@nb.njit(_FORWARD_SIG, **JIT)
 def rk_forward(rhs, p, y0, t0, times, nsub, hsub, scheme, a, b, c):
     """March from ``t0`` through ``times`` with ``nsub[k]`` steps of size ``hsub[k]`` per gap.
 
@@ -272,7 +273,7 @@ _BACKWARD_SIG = (
 )
 
 
-@nb.njit(_BACKWARD_SIG, **_JIT)
+@nb.njit(_BACKWARD_SIG, **JIT)
 def rk_backward(rhs, jac_y, jac_p, p, traj, t0, times, nsub, hsub, scheme, a, b, c, g_obs):
     """Discrete adjoint: ``(dL/dy0, dL/dp)`` given ``g_obs = dL/dys`` (``(K, d)``).
 
@@ -332,19 +333,6 @@ def rk_backward(rhs, jac_y, jac_p, p, traj, t0, times, nsub, hsub, scheme, a, b,
 
 
 # ----------------------------------------------------------------------------------- step grid
-def _validate_times(times, t0: float) -> np.ndarray:
-    arr = np.asarray(times, dtype=np.float64)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"times must be a non-empty 1-d array, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError("times must be finite")
-    if np.any(np.diff(arr) <= 0.0):
-        raise ValueError("times must be strictly increasing")
-    if arr[0] < t0:
-        raise ValueError(f"times must not start before the ODE's t0={t0}, got times[0]={arr[0]}")
-    return np.ascontiguousarray(arr)
-
-
 def _step_grid(t0: float, times: np.ndarray, step: float, alignment: str):
     """Number of sub-steps and step size for each gap ``times[k] - times[k-1]`` (``times[-1] = t0``)."""
     starts = np.concatenate([[t0], times[:-1]])
@@ -458,7 +446,7 @@ class FixedStepSolver:
         self.step = step
         self.alignment = alignment
         self.order = METHODS[method]
-        self.times = _validate_times(times, ode.t0)
+        self.times = validate_times(times, "times", start=ode.t0)
         self.t0 = float(ode.t0)
         self.nsub, self.hsub = _step_grid(self.t0, self.times, step, alignment)
         self.n_steps = int(self.nsub.sum())

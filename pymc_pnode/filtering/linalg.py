@@ -8,71 +8,15 @@ independent sums, because a single dot product of length ≈ 8 waits on every ad
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-from collections.abc import Iterator
 
 import numba as nb
 import numpy as np
 
-# Compilation options of every filtering function. Only FMA contraction: reassociation made the small
-# loops 2× slower, and nnan/ninf would break the divergence checks. ``forceinline`` has LLVM inline
-# every helper into the kernel that calls it (and the kernels into their Python entry wrappers):
-# no call overhead for the dozen array-passing calls per step, and the kernels' fixed sizes reach the
-# helpers' loops. It made the Fenrir logp + gradient ≈ 1.5× faster, at ≈ 10–15 s more compile time.
-JIT = dict(cache=True, error_model="numpy", nogil=True, fastmath={"contract"}, forceinline=True)
+from pymc_pnode._jit import INLINE_JIT
 
 
-class CompiledOnFirstUse:
-    """A numba kernel with an explicit signature, compiled (or loaded from the disk cache) at its first call.
-
-    ``@nb.njit(signature)`` compiles at import; a large kernel then costs every ``import pymc_pnode`` on a
-    fresh machine its compile time (``run_filter``: ≈ 17 s) whether it is used or not. Call it like the
-    function; ``.dispatcher`` is the numba dispatcher, for use inside other compiled code.
-    """
-
-    def __init__(self, func, signature, options):
-        self.py_func = func
-        self._signature = signature
-        self._options = options
-        self._dispatcher = None
-        functools.update_wrapper(self, func)
-
-    @property
-    def dispatcher(self):
-        if self._dispatcher is None:
-            self._dispatcher = nb.njit(self._signature, **self._options)(self.py_func)
-        return self._dispatcher
-
-    def __call__(self, *args):
-        return self.dispatcher(*args)
-
-
-def compile_on_first_use(signature, **options):
-    """Decorator: ``nb.njit(signature, **options)``, deferred to the first call (:class:`CompiledOnFirstUse`)."""
-    return lambda func: CompiledOnFirstUse(func, signature, options)
-
-
-@contextlib.contextmanager
-def slp_vectorization() -> Iterator[None]:
-    """Let LLVM's SLP vectoriser run on what numba compiles inside this block.
-
-    numba switches it off by default (numba PR 8852, after miscompilations reported with older LLVM
-    versions). With the helpers inlined and their sizes fixed, it turns the unrolled 8-wide loops of
-    the Fenrir kernel into AVX instructions: logp + gradient ≈ 1.2× faster. Only the kernels compiled
-    here are affected (the setting is read when a module is optimised, and restored afterwards); the
-    tests compare their results with independent dense computations and central differences.
-    """
-    previous = nb.config.SLP_VECTORIZE
-    nb.config.SLP_VECTORIZE = 1
-    try:
-        yield
-    finally:
-        nb.config.SLP_VECTORIZE = previous
-
-
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
 def tria_cols_inplace(mt: np.ndarray, rows: int, cols: int, v: np.ndarray) -> None:
     """Triangularise a stacked square root ``M`` (``rows × cols``) held transposed in ``mt``.
 
@@ -122,7 +66,7 @@ def tria_cols_inplace(mt: np.ndarray, rows: int, cols: int, v: np.ndarray) -> No
             vk[i] = 0.0
 
 
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
 def copy_transposed(src: np.ndarray, n: int, dst: np.ndarray, col0: int) -> None:
     """``dst[:n, col0:col0 + n] = src[:n, :n]ᵀ`` (moves square roots in and out of transposed stacks)."""
     for i in range(n):
@@ -130,7 +74,7 @@ def copy_transposed(src: np.ndarray, n: int, dst: np.ndarray, col0: int) -> None
             dst[j, col0 + i] = src[i, j]
 
 
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
 def solve_lower(lo: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
     """Solve ``L x = b`` for lower-triangular ``L = lo[:n, :n]`` (forward substitution)."""
     for i in range(n):
@@ -141,7 +85,7 @@ def solve_lower(lo: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
         out[i] = s / row[i]
 
 
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
 def solve_upper(r: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
     """Solve ``R x = b`` for upper-triangular ``R = r[:n, :n]`` (back substitution)."""
     for i in range(n - 1, -1, -1):
@@ -151,7 +95,7 @@ def solve_upper(r: np.ndarray, n: int, b: np.ndarray, out: np.ndarray) -> None:
         out[i] = s / r[i, i]
 
 
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
 def solve_gram_inplace(r: np.ndarray, n: int, x: np.ndarray) -> None:
     """``x ← (Rᵀ R)⁻¹ x`` for upper-triangular ``R = r[:n, :n]`` and ``x`` with ``n`` rows.
 
@@ -181,7 +125,7 @@ def solve_gram_inplace(r: np.ndarray, n: int, x: np.ndarray) -> None:
             xi[j] *= inv
 
 
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
 def cholesky_inplace(a: np.ndarray, n: int) -> bool:
     """Lower Cholesky factor of ``a[:n, :n]`` in place; False if not positive definite."""
     for j in range(n):
@@ -202,7 +146,7 @@ def cholesky_inplace(a: np.ndarray, n: int) -> bool:
     return True
 
 
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
 def all_finite(a: np.ndarray) -> bool:
     for x in a.flat:
         if not math.isfinite(x):
@@ -210,7 +154,7 @@ def all_finite(a: np.ndarray) -> bool:
     return True
 
 
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out = a @ b`` without allocation (small dense matrices).
 
@@ -243,7 +187,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             oi[j] = s
 
 
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
 def matmul_tn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out = aᵀ @ b`` without allocation (:func:`matmul` on the transposed view)."""
     matmul(a.T, b, out)

@@ -1,82 +1,233 @@
-"""Backward kernels, RTS smoothing, joint posterior samples and dense output for ODE filters.
+"""Backward kernels of the filter posterior, RTS smoothing, joint samples and dense output, with the adjoint.
 
 The filter posterior on the grid is represented backwards in time (Tronarp, Bosch & Hennig, 2022):
-``x_N ~ N(μ_N, Σ_N)`` and ``x_{n-1} | x_n ~ N(G_n x_n + d_n, Λ_n)``. One QR of
-``[[R_{n-1} A^T, R_{n-1}], [√κ Q^{1/2}, 0]]`` gives the predicted root (R11), ``G_n^T = R11^{-1} R12``
-and ``Λ_n^{1/2} = R22`` (Bosch, 2024, PhD thesis).
+``x_N ~ N(μ_N, Σ_N)`` and ``x_{n-1} | x_n ~ N(G_n x_n + d_n, Λ_n)`` with the gain
+``G_n = Σ_{n-1} Aᵀ (Σ⁻_n)⁻¹`` from two triangular solves with the predicted root, and the kernel
+covariance in Joseph form ``Λ_n = (I − G A) Σ_{n-1} (I − G A)ᵀ + κ G Q Gᵀ`` (one QR of a stacked root,
+Bosch, 2024, PhD thesis). :func:`backward_step` pushes a distribution through a kernel in one QR (the
+Fenrir likelihood's backward Kalman filter); :func:`backward_step_adjoint` is its adjoint on covariances.
 """
 
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numba as nb
 import numpy as np
 
-from pymc_pnode.filtering.linalg import JIT, copy_transposed, solve_upper, tria_cols_inplace
-from pymc_pnode.filtering.odefilter import (
-    apply_transition,
-    fill_predict_stack,
-    preconditioner,
-    predict_root,
-    transition_coefficients,
+from pymc_pnode._jit import INLINE_JIT
+from pymc_pnode.filtering.linalg import (
+    copy_transposed,
+    matmul,
+    matmul_tn,
+    solve_gram_inplace,
+    tria_cols_inplace,
 )
+from pymc_pnode.filtering.predict import predict_adjoint, predict_root
+from pymc_pnode.filtering.prior import (
+    StepTransition,
+    apply_transition,
+    fill_root_transition_t,
+    step_coefficients,
+)
+from pymc_pnode.filtering.update import Cotangent
+
+# x_{n-1} | x_n ~ N(g x_n + dvec, lamᵀ lam)
+BackwardKernel = namedtuple("BackwardKernel", ["g", "dvec", "lam"])
+# Work arrays of the backward operations: Gᵀ (gt), (R Aᵀ)ᵀ (wt), a (D, D) block, the stacked root
+# (transposed, with the QR's work vector as its last row) and a vector.
+BackwardWork = namedtuple("BackwardWork", ["gt", "wt", "blk", "stack", "vec"])
+BackwardAdjointWork = namedtuple("BackwardAdjointWork", ["gbar", "ymat", "sig", "pg", "vec_a", "vec_b"])
 
 
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
+def backward_work(dd: int) -> BackwardWork:
+    """Work arrays of the backward operations for states of length ``dd``."""
+    return BackwardWork(np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd + 1, 3 * dd)),
+                        np.empty(dd))
+
+
+@nb.njit(**INLINE_JIT)
+def backward_adjoint_work(dd: int) -> BackwardAdjointWork:
+    """Work arrays of :func:`backward_step_adjoint`."""
+    return BackwardAdjointWork(np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)),
+                               np.empty(dd), np.empty(dd))
+
+
+@nb.njit(**INLINE_JIT)
+def backward_gain(r_prev: np.ndarray, r_pred: np.ndarray, tr: StepTransition, work: BackwardWork) -> None:
+    """``work.gt = Gᵀ = (Σ⁻)⁻¹ A Σ`` for ``Σ = r_prevᵀ r_prev``, ``Σ⁻ = r_predᵀ r_pred``; ``work.wt = (R Aᵀ)ᵀ``."""
+    dd = (tr.q + 1) * tr.d
+    fill_root_transition_t(r_prev, tr.a, tr.q, tr.d, work.wt)
+    matmul(work.wt, r_prev, work.gt)  # A Σ = (R Aᵀ)ᵀ R
+    solve_gram_inplace(r_pred, dd, work.gt)
+
+
+@nb.njit(**INLINE_JIT)
+def fill_kernel_noise_stack(r_prev: np.ndarray, tr: StepTransition, work: BackwardWork, row0: int) -> None:
+    """Rows ``row0 .. row0 + 2D`` of the stacked root (held transposed in ``work.stack``): the Joseph-form root
+    ``[R (I − G A)ᵀ; √κ (Q̄^{1/2} T ⊗ I) Gᵀ]`` of the kernel covariance ``Λ``, after :func:`backward_gain`.
+
+    The products work on whole rows (no serial chain per entry), which made the backward step ≈ 1.6×
+    faster than row-by-row dot products.
+    """
+    q, d = tr.q, tr.d
+    dd = (q + 1) * d
+    gt, blk, stack = work.gt, work.blk, work.stack
+    matmul_tn(work.wt, gt, blk)  # R Aᵀ Gᵀ
+    for i in range(dd):
+        for j in range(dd):
+            stack[j, row0 + i] = r_prev[i, j] - blk[i, j]
+    for i in range(q + 1):
+        for k in range(d):
+            bi = blk[i * d + k]
+            for j in range(dd):
+                bi[j] = 0.0
+            for jj in range(q + 1):
+                c = tr.sqrt_kappa * tr.rq[i, jj] * tr.tvec[jj]
+                gk = gt[jj * d + k]
+                for j in range(dd):
+                    bi[j] += c * gk[j]
+    copy_transposed(blk, dd, stack, row0 + dd)
+
+
+@nb.njit(**INLINE_JIT)
 def backward_kernel(
-    mu: np.ndarray,
-    r: np.ndarray,
-    h: float,
-    kappa: float,
-    q: int,
-    d: int,
-    rq: np.ndarray,
-    g: np.ndarray,
-    dvec: np.ndarray,
-    lam: np.ndarray,
-    r_pred: np.ndarray,
+    mu: np.ndarray, r: np.ndarray, tr: StepTransition, r_pred: np.ndarray, out: BackwardKernel, work: BackwardWork
 ) -> None:
-    """Kernel ``x(t) | x(t + h) ~ N(G x + dvec, lam^T lam)`` from the distribution ``N(mu, r^T r)``.
+    """Kernel ``x(t) | x(t + h) ~ N(G x + dvec, lam^T lam)`` of the filter distribution ``N(mu, r^T r)`` at ``t``.
 
     ``r_pred`` receives the (invertible) root of the predicted covariance at ``t + h``.
     """
-    dd = (q + 1) * d
-    a = np.empty(q + 1)
-    tvec = np.empty(q + 1)
-    transition_coefficients(h, q, a)
-    preconditioner(h, q, tvec)
-    # the stack [[R Aᵀ, R], [√κ Q^{1/2}, 0]], transposed (mt[c] is its column c)
-    mt = np.empty((2 * dd + 1, 2 * dd))
-    fill_predict_stack(r, a, tvec, math.sqrt(kappa), rq, q, d, mt)
-    for j in range(dd):
-        for i in range(dd):
-            mt[dd + j, i] = r[i, j]
-            mt[dd + j, dd + i] = 0.0
-    tria_cols_inplace(mt, 2 * dd, 2 * dd, mt[2 * dd])
-    copy_transposed(mt, dd, r_pred, 0)
-    sol = np.empty(dd)
-    for j in range(dd):
-        solve_upper(r_pred, dd, mt[dd + j, :dd], sol)  # column j of G^T
-        for i in range(dd):
-            g[j, i] = sol[i]
-    mu_pred = np.empty(dd)
-    apply_transition(a, q, d, mu, mu_pred)
+    dd = (tr.q + 1) * tr.d
+    predict_root(r, tr, work.stack, r_pred)
+    backward_gain(r, r_pred, tr, work)
+    copy_transposed(work.gt, dd, out.g, 0)
+    apply_transition(tr.a, tr.q, tr.d, mu, work.vec)
     for i in range(dd):
         s = mu[i]
         for j in range(dd):
-            s -= g[i, j] * mu_pred[j]
-        dvec[i] = s
-        for j in range(dd):
-            lam[i, j] = mt[dd + j, dd + i]
+            s -= out.g[i, j] * work.vec[j]
+        out.dvec[i] = s
+    fill_kernel_noise_stack(r, tr, work, 0)
+    tria_cols_inplace(work.stack, 2 * dd, dd, work.stack[dd])
+    copy_transposed(work.stack, dd, out.lam, 0)
 
 
-@nb.njit(**JIT)
-def push_through_kernel(
-    g: np.ndarray, dvec: np.ndarray, lam: np.ndarray, mu: np.ndarray, r: np.ndarray, mu_out: np.ndarray,
-    r_out: np.ndarray,
+@nb.njit(**INLINE_JIT)
+def backward_step(
+    mu_prev: np.ndarray, r_prev: np.ndarray, mu_pred: np.ndarray, r_pred: np.ndarray, tr: StepTransition,
+    mean: np.ndarray, root: np.ndarray, work: BackwardWork, mean_out: np.ndarray,
 ) -> None:
+    """Push ``N(mean, rootᵀ root)`` at ``t_n`` through the backward kernel of the filter posterior.
+
+    The filter had ``N(mu_prev, r_prevᵀ r_prev)`` at ``t_{n−1}`` and predicted ``N(mu_pred, r_predᵀ r_pred)``
+    at ``t_n``. One QR of the ``3D × D`` stack ``[root Gᵀ; R (I − G A)ᵀ; √κ Q^{1/2} Gᵀ]`` gives the new root
+    (written to ``root``; ``Gᵀ`` stays in ``work.gt``, the new mean goes to ``mean_out``).
+    """
+    dd = (tr.q + 1) * tr.d
+    backward_gain(r_prev, r_pred, tr, work)
+    gt = work.gt
+    for i in range(dd):
+        mean_out[i] = mu_prev[i]
+    for j in range(dd):
+        dj = mean[j] - mu_pred[j]
+        gj = gt[j]
+        for i in range(dd):
+            mean_out[i] += gj[i] * dj
+    matmul(root, gt, work.blk)
+    copy_transposed(work.blk, dd, work.stack, 0)
+    fill_kernel_noise_stack(r_prev, tr, work, dd)
+    tria_cols_inplace(work.stack, 3 * dd, dd, work.stack[dd])
+    copy_transposed(work.stack, dd, root, 0)
+
+
+@nb.njit(**INLINE_JIT)
+def backward_step_adjoint(
+    g: np.ndarray, r_pred: np.ndarray, sig_pred: np.ndarray, mu_pred: np.ndarray, m_next: np.ndarray,
+    sig_next: np.ndarray, tr: StepTransition, bar: Cotangent, inj: Cotangent, work: BackwardAdjointWork,
+) -> float:
+    """Adjoint of one backward step ``m = μ + G (m⁺ − μ⁻)``, ``P = Σ + G (P⁺ − Σ⁻) Gᵀ``.
+
+    ``G = Σ Aᵀ (Σ⁻)⁻¹`` with ``Σ⁻ = r_predᵀ r_pred = sig_pred = A Σ Aᵀ + κ Q``. On entry ``bar`` holds the
+    adjoints of ``(m, P)``; on exit those of ``(m⁺, P⁺)``. The adjoints with respect to the filter's
+    ``(μ, Σ)`` are added to ``inj`` (those through ``μ⁻ = A μ`` and ``Σ⁻`` mapped back by the prediction's
+    adjoint). Returns the adjoint of the step's diffusion ``κ``.
+    """
+    q, d = tr.q, tr.d
+    dd = g.shape[0]
+    mbar, sbar = bar.mean, bar.cov
+    gbar, ymat, sig, pg, tmp_a, tmp_b = work.gbar, work.ymat, work.sig, work.pg, work.vec_a, work.vec_b
+    # Ḡ = m̄ (m⁺ − μ⁻)ᵀ + 2 P̄ G (P⁺ − Σ⁻); P̄ G is kept in pg for Gᵀ P̄ G below
+    matmul(sbar, g, pg)
+    for i in range(dd):
+        for j in range(dd):
+            sig[i, j] = sig_next[i, j] - sig_pred[i, j]
+    matmul(pg, sig, gbar)
+    for i in range(dd):
+        for j in range(dd):
+            gbar[i, j] = mbar[i] * (m_next[j] - mu_pred[j]) + 2.0 * gbar[i, j]
+    # ymat = Yᵀ = (Σ⁻)⁻¹ Ḡᵀ, i.e. Y = Ḡ (Σ⁻)⁻¹
+    copy_transposed(gbar, dd, ymat, 0)
+    solve_gram_inplace(r_pred, dd, ymat)
+    # P̄⁺ = Gᵀ P̄ G (into gbar); Σ̄⁻ (into sig) = −Gᵀ P̄ G − sym(Gᵀ Y), and sym(Gᵀ Y) = sym(Yᵀ G)
+    matmul_tn(g, pg, gbar)
+    matmul(ymat, g, sig)
+    for i in range(dd):
+        for j in range(i, dd):
+            p = 0.5 * (gbar[i, j] + gbar[j, i])
+            s = 0.5 * (sig[i, j] + sig[j, i])
+            gbar[i, j] = p
+            gbar[j, i] = p
+            sig[i, j] = -p - s
+            sig[j, i] = -p - s
+    # Σ̄ += P̄ + sym(Y A), where row (i, k) of (Y A)ᵀ = Aᵀ Yᵀ is Σ_{i' ≤ i} a[i − i'] Yᵀ[(i', k)]
+    inj_mu, inj_sig = inj.mean, inj.cov
+    for i in range(dd):
+        for j in range(dd):
+            inj_sig[i, j] += sbar[i, j]
+    for i in range(q + 1):
+        for k in range(d):
+            for row in range(dd):
+                tmp_b[row] = 0.0
+            for ip in range(i + 1):
+                c = 0.5 * tr.a[i - ip]
+                yr = ymat[ip * d + k]
+                for row in range(dd):
+                    tmp_b[row] += c * yr[row]
+            col = i * d + k
+            for row in range(dd):
+                inj_sig[row, col] += tmp_b[row]
+                inj_sig[col, row] += tmp_b[row]
+    # μ̄ += m̄; m̄⁺ = Gᵀ m̄; μ̄⁻ = −Gᵀ m̄
+    for j in range(dd):
+        tmp_a[j] = 0.0
+    for k in range(dd):
+        c = mbar[k]
+        gk = g[k]
+        for j in range(dd):
+            tmp_a[j] += c * gk[j]
+    for j in range(dd):
+        inj_mu[j] += mbar[j]
+        mbar[j] = tmp_a[j]
+        tmp_a[j] = -tmp_a[j]
+    sbar[:, :] = gbar
+    # μ̄⁻ and Σ̄⁻ reach (μ, Σ) through the prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q.
+    kbar = predict_adjoint(tr, tmp_a, sig, gbar, tmp_b, ymat)
+    for j in range(dd):
+        inj_mu[j] += tmp_b[j]
+    for i in range(dd):
+        for j in range(dd):
+            inj_sig[i, j] += ymat[i, j]
+    return kbar
+
+
+@nb.njit(**INLINE_JIT)
+def push_through_kernel(kernel: BackwardKernel, mu: np.ndarray, r: np.ndarray, mu_out: np.ndarray,
+                        r_out: np.ndarray) -> None:
     """Marginal of ``G x + dvec + noise(lam)`` for ``x ~ N(mu, r^T r)``."""
+    g, dvec, lam = kernel
     dd = mu.shape[0]
     mt = np.empty((dd + 1, 2 * dd))  # the stack [r Gᵀ; lam], transposed, and the QR's work vector
     for i in range(dd):
@@ -95,29 +246,38 @@ def push_through_kernel(
     copy_transposed(mt, dd, r_out, 0)
 
 
-@nb.njit(**JIT)
+@nb.njit(**INLINE_JIT)
+def step_transition(h: float, kappa: float, rq: np.ndarray, q: int, d: int) -> StepTransition:
+    """A freshly allocated :data:`~pymc_pnode.filtering.prior.StepTransition` for step ``h`` and diffusion ``kappa``."""
+    a = np.empty(q + 1)
+    tvec = np.empty(q + 1)
+    step_coefficients(h, q, a, tvec)
+    return StepTransition(a, tvec, math.sqrt(kappa), rq, q, d)
+
+
+@nb.njit(**INLINE_JIT)
 def smooth(ts, mus, rs, kappas, q: int, d: int, rq: np.ndarray):
-    """RTS smoothing through backward kernels. Returns smoothed means/roots and the kernels."""
+    """RTS smoothing through backward kernels. Returns smoothed means and roots and the kernels ``(gs, ds, lams)``."""
     n_pts, dd = mus.shape
-    gs = np.zeros((n_pts, dd, dd))
-    ds = np.zeros((n_pts, dd))
-    lams = np.zeros((n_pts, dd, dd))
+    kernels = BackwardKernel(np.zeros((n_pts, dd, dd)), np.zeros((n_pts, dd)), np.zeros((n_pts, dd, dd)))
     mus_s = np.empty_like(mus)
     rs_s = np.empty_like(rs)
     r_pred = np.empty((dd, dd))
+    work = backward_work(dd)
     mus_s[n_pts - 1] = mus[n_pts - 1]
     rs_s[n_pts - 1] = rs[n_pts - 1]
     for n in range(n_pts - 1, 0, -1):
-        backward_kernel(
-            mus[n - 1], rs[n - 1], ts[n] - ts[n - 1], kappas[n], q, d, rq, gs[n], ds[n], lams[n], r_pred
-        )
-        push_through_kernel(gs[n], ds[n], lams[n], mus_s[n], rs_s[n], mus_s[n - 1], rs_s[n - 1])
-    return mus_s, rs_s, gs, ds, lams
+        tr = step_transition(ts[n] - ts[n - 1], kappas[n], rq, q, d)
+        kernel = BackwardKernel(kernels.g[n], kernels.dvec[n], kernels.lam[n])
+        backward_kernel(mus[n - 1], rs[n - 1], tr, r_pred, kernel, work)
+        push_through_kernel(kernel, mus_s[n], rs_s[n], mus_s[n - 1], rs_s[n - 1])
+    return mus_s, rs_s, kernels
 
 
-@nb.njit(**JIT)
-def sample_backward(mu_last, r_last, gs, ds, lams, z):
+@nb.njit(**INLINE_JIT)
+def sample_backward(mu_last, r_last, kernels: BackwardKernel, z):
     """Joint samples of the grid states, ``z`` standard normal of shape ``(n, N, D)``."""
+    gs, ds, lams = kernels
     n_samples, n_pts, dd = z.shape
     out = np.empty((n_samples, n_pts, dd))
     for s in range(n_samples):
@@ -137,29 +297,28 @@ def sample_backward(mu_last, r_last, gs, ds, lams, z):
     return out
 
 
-@nb.njit(**JIT)
-def interpolate(t, ts, mus, rs, kappas, mus_s, rs_s, q: int, d: int, rq: np.ndarray, mu_out, r_out):
-    """Smoothed posterior at an arbitrary time ``t`` inside the grid (Bosch, 2024, PhD thesis)."""
+@nb.njit(**INLINE_JIT)
+def interpolate(t, ts, mus, rs, kappas, smoothed, rq: np.ndarray, q: int, d: int, out):
+    """Smoothed posterior ``out = (mean, root)`` at a time ``t`` inside the grid (Bosch, 2024, PhD thesis).
+
+    ``smoothed = (means, roots)`` on the grid.
+    """
+    mus_s, rs_s = smoothed
+    mu_out, r_out = out
     n = np.searchsorted(ts, t)
     if n < ts.shape[0] and ts[n] == t:
         mu_out[:] = mus_s[n]
         r_out[:, :] = rs_s[n]
         return
     dd = (q + 1) * d
-    h1 = t - ts[n - 1]
-    h2 = ts[n] - t
-    a = np.empty(q + 1)
-    tvec = np.empty(q + 1)
-    transition_coefficients(h1, q, a)
-    preconditioner(h1, q, tvec)
+    work = backward_work(dd)
     # Filter prediction from t_{n-1} to t ...
+    tr = step_transition(t - ts[n - 1], kappas[n], rq, q, d)
     mu_t = np.empty(dd)
-    apply_transition(a, q, d, mus[n - 1], mu_t)
+    apply_transition(tr.a, q, d, mus[n - 1], mu_t)
     r_t = np.empty((dd, dd))
-    predict_root(rs[n - 1], a, tvec, math.sqrt(kappas[n]), rq, q, d, np.empty((dd + 1, 2 * dd)), r_t)
+    predict_root(rs[n - 1], tr, work.stack, r_t)
     # ... then condition on the smoothed state at t_n through the kernel x(t) | x(t_n).
-    g = np.empty((dd, dd))
-    dvec = np.empty(dd)
-    lam = np.empty((dd, dd))
-    backward_kernel(mu_t, r_t, h2, kappas[n], q, d, rq, g, dvec, lam, np.empty((dd, dd)))
-    push_through_kernel(g, dvec, lam, mus_s[n], rs_s[n], mu_out, r_out)
+    kernel = BackwardKernel(np.empty((dd, dd)), np.empty(dd), np.empty((dd, dd)))
+    backward_kernel(mu_t, r_t, step_transition(ts[n] - t, kappas[n], rq, q, d), np.empty((dd, dd)), kernel, work)
+    push_through_kernel(kernel, mus_s[n], rs_s[n], mu_out, r_out)

@@ -24,8 +24,8 @@ import numba as nb
 import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, TEN_FN, VEC_FN
-from pymc_pnode.filtering.linalg import JIT, compile_on_first_use
-from pymc_pnode.filtering.odefilter import preconditioner, transition_coefficients
+from pymc_pnode._jit import INLINE_JIT, compile_on_first_use
+from pymc_pnode.filtering.prior import preconditioner, transition_coefficients
 
 __all__ = ["filter_tangents"]
 
@@ -40,7 +40,7 @@ _TANGENTS_SIG = (
 )
 
 
-@compile_on_first_use(_TANGENTS_SIG, **JIT)
+@compile_on_first_use(_TANGENTS_SIG, **INLINE_JIT)
 def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, ts, mus, rs, kappas, dmu0, q, d, rq, ek1, out_index):
     """Tangents of the filter means and covariances at the steps ``out_index`` of a stored run.
 

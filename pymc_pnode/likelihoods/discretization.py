@@ -36,6 +36,7 @@ import pytensor.tensor as pt
 from pytensor.graph.basic import Variable
 
 from pymc_pnode.classical.rk import FixedStepSolver, solver_op
+from pymc_pnode.validation import validate_obs_matrix
 
 __all__ = ["DiscretizationErrorNormal", "monotone_error_variance"]
 
@@ -219,11 +220,7 @@ def DiscretizationErrorNormal(
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     solver = FixedStepSolver(ode, times, method=method, step=step, alignment=alignment)
     n_times = solver.times.size
-    h = np.eye(ode.n_states) if obs_matrix is None else np.atleast_2d(
-        np.asarray(obs_matrix, dtype=np.float64)
-    )
-    if h.ndim != 2 or h.shape[1] != ode.n_states or not np.all(np.isfinite(h)):
-        raise ValueError(f"obs_matrix must be a finite array of shape (J, {ode.n_states}), got {h.shape}")
+    h = validate_obs_matrix(obs_matrix, ode.n_states)
     n_obs = h.shape[0]
 
     data = np.asarray(observed, dtype=np.float64)

@@ -17,15 +17,22 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 from pytensor.graph.rewriting.basic import node_rewriter
 from pytensor.graph.traversal import ancestors
-from pytensor.link.numba.dispatch import numba_funcify
-from pytensor.link.numba.dispatch.basic import numba_njit
 from pytensor.tensor.rewriting.basic import register_specialize
 
+from pymc_pnode._jit import register_object_mode
 from pymc_pnode.accuracy import AccuracyWarning, SolverDiagnostics
-from pymc_pnode.filtering.fenrir import fenrir_kernel
+from pymc_pnode.filtering.fenrir import FenrirArguments, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
+from pymc_pnode.filtering.stepping import Stepping
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import EK1, _ODEFilter, as_float_array, fixed_grid, solve, validate_times
+from pymc_pnode.solve import EK1, _ODEFilter, fixed_grid, solve
+from pymc_pnode.validation import (
+    as_float_array,
+    as_positive_float,
+    as_positive_int,
+    validate_obs_matrix,
+    validate_times,
+)
 
 __all__ = ["Fenrir", "FenrirProblem", "StepControl", "fenrir_diagnostics", "fenrir_loglik"]
 
@@ -54,14 +61,13 @@ class StepControl:
     max_steps: int = DEFAULT_MAX_STEPS
 
     def __post_init__(self):
-        if self.step is not None and not (float(self.step) > 0 and math.isfinite(float(self.step))):
-            raise ValueError(f"step must be positive and finite (or None for error control), got {self.step!r}")
+        if self.step is not None:
+            as_positive_float(self.step, "step (or None for error control)")
         for name in ("rtol", "atol"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float, np.floating)) and 0 < value < 1):
                 raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
-        if isinstance(self.max_steps, bool) or int(self.max_steps) != self.max_steps or self.max_steps < 1:
-            raise ValueError(f"max_steps must be a positive integer, got {self.max_steps!r}")
+        as_positive_int(self.max_steps, "max_steps")
 
     @property
     def adaptive(self) -> bool:
@@ -98,15 +104,9 @@ class FenrirProblem:
         solver = EK1(order=3) if solver is None else solver
         if not isinstance(solver, _ODEFilter):
             raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
-        times = validate_times(times, (-math.inf, math.inf), "times")
-        if times[0] < ode.t0:
-            raise ValueError(f"times must not precede the initial time t0={ode.t0}, got {times[0]}")
+        times = validate_times(times, "times", start=ode.t0)
         d = ode.n_states
-        cmat = np.eye(d) if obs_matrix is None else np.atleast_2d(as_float_array(obs_matrix, "obs_matrix"))
-        if cmat.ndim != 2 or cmat.shape[1] != d:
-            raise ValueError(f"obs_matrix must have shape (n_observed, {d}), got {cmat.shape}")
-        if not np.all(np.isfinite(cmat)):
-            raise ValueError("obs_matrix must be finite, it contains NaN or ±inf")
+        cmat = validate_obs_matrix(obs_matrix, d)
         n_obs, m = data_shape
         if n_obs != times.size:
             raise ValueError(f"data has {n_obs} rows but times has {times.size} entries")
@@ -197,11 +197,13 @@ class FenrirProblem:
         grid = self.grid[:1]
         if ok:
             control = self.control
-            terms, grad, ok, info, grid = self.kernel(
-                *self.kernel_arguments(), y0, theta, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa,
+            arguments = FenrirArguments(
+                y0, theta, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa, self.diffusion_mode,
+                Stepping(bool(control.adaptive), 0.0, float(control.rtol), float(control.atol),
+                         int(control.max_steps), True),
                 self.grid, self.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
-                self.diffusion_mode, control.adaptive, control.rtol, control.atol, control.max_steps,
             )
+            terms, grad, ok, info, grid = self.kernel(*self.kernel_arguments(), arguments)
             max_err, n_steps, n_rejected = info[0], int(info[2]), int(info[3])
         (self.diagnostics if diagnostics is None else diagnostics).record(n_steps, n_rejected, max_err,
                                                                           failed=not ok, warn=warn)
@@ -281,50 +283,10 @@ class FenrirVJPOp(Op):
         return "FenrirVJPOp"
 
 
-def _numba_fenrir_evaluate(problem: FenrirProblem):
-    """A numba function ``(y0, θ, data, σ, κ, cotangent, want_grad) -> (terms, grad)``.
-
-    The solve runs through :meth:`FenrirProblem.evaluate` in numba's object mode (the compiled kernel,
-    called from Python, releases the GIL). This costs ≈ 20 µs per call but keeps the accuracy counts
-    and warnings working under nutpie and ``mode="NUMBA"``, and spares every compiled graph a copy of
-    the kernel: called from numba code directly, LLVM inlines the whole kernel into each Op's
-    implementation and re-optimises it (≈ 20 s of compilation per Op, measured).
-    """
-
-    def run(y0, theta, data, sigma, kappa, cotangent, want_grad):
-        return problem.evaluate(y0, theta, data, sigma, kappa, cotangent if want_grad else None)
-
-    @numba_njit
-    def evaluate(y0, theta, data, sigma, kappa, cotangent, want_grad):
-        with nb.objmode(terms="float64[::1]", grad="float64[::1]"):
-            terms, grad = run(y0, theta, data, sigma, kappa, cotangent, want_grad)
-        return terms, grad
-
-    return evaluate
-
-
-@numba_funcify.register(FenrirOp)
-def _numba_funcify_fenrir(op, node, **kwargs):
-    """Numba implementation of the Op, so ``mode="NUMBA"`` and nutpie compile it in."""
-    evaluate = _numba_fenrir_evaluate(op.problem)
-    no_cotangent = np.zeros(0)
-
-    @numba_njit
-    def evaluate_terms(y0, theta, data, sigma, kappa):
-        return evaluate(y0, theta, data, sigma, kappa, no_cotangent.copy(), False)[0]
-
-    return evaluate_terms
-
-
-@numba_funcify.register(FenrirVJPOp)
-def _numba_funcify_fenrir_vjp(op, node, **kwargs):
-    evaluate = _numba_fenrir_evaluate(op.problem)
-
-    @numba_njit
-    def evaluate_vjp(y0, theta, data, sigma, kappa, cotangent):
-        return evaluate(y0, theta, data, sigma, kappa, cotangent, True)
-
-    return evaluate_vjp
+# Under nutpie / mode="NUMBA" the kernel runs through FenrirProblem.evaluate in object mode: the accuracy
+# counts and warnings keep working, and no compiled graph gets its own copy of the kernel.
+register_object_mode(FenrirOp, nb.float64[::1], lambda op: lambda *inputs: op.problem.evaluate(*inputs)[0])
+register_object_mode(FenrirVJPOp, nb.types.UniTuple(nb.float64[::1], 2), lambda op: op.problem.evaluate)
 
 
 @register_specialize

@@ -1,0 +1,94 @@
+"""numba compilation in one place: the options of every kernel, deferred compilation, and the registration of
+PyTensor Ops with PyTensor's numba backend (``mode="NUMBA"``, nutpie)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+
+import numba as nb
+
+# Compilation options of every kernel of the package: cached on disk, NumPy's error model (no exceptions
+# in division), no GIL.
+JIT = dict(cache=True, error_model="numpy", nogil=True)
+
+# Options of the filter operations (``pymc_pnode.filtering``), on top of :data:`JIT`. Only FMA
+# contraction: reassociation made the small loops 2× slower, and nnan/ninf would break the divergence
+# checks. ``forceinline`` has LLVM inline every helper into the kernel that calls it (and the kernels into
+# their Python entry wrappers): no call overhead for the dozen array-passing calls per step, and the
+# kernels' fixed sizes reach the helpers' loops. It made the Fenrir logp + gradient ≈ 1.5× faster, at
+# ≈ 10–15 s more compile time.
+INLINE_JIT = dict(JIT, fastmath={"contract"}, forceinline=True)
+
+
+class CompiledOnFirstUse:
+    """A numba kernel with an explicit signature, compiled (or loaded from the disk cache) at its first call.
+
+    ``@nb.njit(signature)`` compiles at import; a large kernel then costs every ``import pymc_pnode`` on a
+    fresh machine its compile time (``run_filter``: ≈ 17 s) whether it is used or not. Call it like the
+    function; ``.dispatcher`` is the numba dispatcher, for use inside other compiled code.
+    """
+
+    def __init__(self, func, signature, options):
+        self.py_func = func
+        self._signature = signature
+        self._options = options
+        self._dispatcher = None
+        functools.update_wrapper(self, func)
+
+    @property
+    def dispatcher(self):
+        if self._dispatcher is None:
+            self._dispatcher = nb.njit(self._signature, **self._options)(self.py_func)
+        return self._dispatcher
+
+    def __call__(self, *args):
+        return self.dispatcher(*args)
+
+
+def compile_on_first_use(signature, **options):
+    """Decorator: ``nb.njit(signature, **options)``, deferred to the first call (:class:`CompiledOnFirstUse`)."""
+    return lambda func: CompiledOnFirstUse(func, signature, options)
+
+
+@contextlib.contextmanager
+def slp_vectorization() -> Iterator[None]:
+    """Let LLVM's SLP vectoriser run on what numba compiles inside this block.
+
+    numba switches it off by default (numba PR 8852, after miscompilations reported with older LLVM
+    versions). With the helpers inlined and their sizes fixed, it turns the unrolled 8-wide loops of
+    the Fenrir kernel into AVX instructions: logp + gradient ≈ 1.2× faster. Only the kernels compiled
+    here are affected (the setting is read when a module is optimised, and restored afterwards); the
+    tests compare their results with independent dense computations and central differences.
+    """
+    previous = nb.config.SLP_VECTORIZE
+    nb.config.SLP_VECTORIZE = 1
+    try:
+        yield
+    finally:
+        nb.config.SLP_VECTORIZE = previous
+
+
+def register_object_mode(op_type: type, output_type, make_function: Callable) -> None:
+    """Register ``op_type`` with PyTensor's numba backend as a call of Python code in numba's object mode.
+
+    ``make_function(op)`` returns the Python function of the Op's inputs that computes its outputs (a tuple
+    of arrays, or one array), of numba type ``output_type``. The compiled graph then calls the package's
+    already compiled kernels through Python (≈ 20 µs per call) instead of inlining a copy of them into every
+    graph (≈ 20 s of compilation per Op, measured), and the accuracy counts of every evaluation keep working.
+    """
+    from pytensor.link.numba.dispatch import numba_funcify
+    from pytensor.link.numba.dispatch.basic import numba_njit
+
+    @numba_funcify.register(op_type)
+    def _funcify(op, node=None, **kwargs):
+        run = make_function(op)
+
+        @numba_njit
+        def object_mode_op(*inputs):
+            with nb.objmode(outputs=output_type):
+                outputs = run(*inputs)
+            return outputs
+
+        return object_mode_op

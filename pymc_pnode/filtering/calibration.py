@@ -1,0 +1,152 @@
+"""Diffusion calibration and the local error estimate of the ODE filters, with the adjoint of the local κ.
+
+Global: the quasi-MLE ``κ̂ = Σ_n ẑ_nᵀ S_n⁻¹ ẑ_n / (N d)`` of a filter run at unit diffusion (Tronarp et al.,
+2019, Prop. 4; Bosch, Hennig & Tronarp, 2021, eq. 16). Local: per step
+``κ_n = ẑ_nᵀ (H_n Q(h_n) H_nᵀ)⁻¹ ẑ_n / d`` under an error-free previous step (Schober et al., 2019;
+Bosch et al., 2021, eq. 21), which also gives the step's error estimate (Bosch et al., 2021, eq. 27).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+
+import numba as nb
+import numpy as np
+
+from pymc_pnode._jit import INLINE_JIT
+from pymc_pnode.filtering.linalg import cholesky_inplace
+from pymc_pnode.filtering.prior import StepTransition
+from pymc_pnode.filtering.stepping import Stepping
+
+# Smallest calibrated diffusion: a field the prior solves exactly (ẑ = 0) would otherwise give κ̂ = 0
+# and singular predicted covariances in the backward kernels.
+KAPPA_FLOOR = 1e-150
+
+LocalErrorWork = namedtuple("LocalErrorWork", ["hqh_root", "hqh", "chol", "tmp"])
+
+
+@nb.njit(**INLINE_JIT)
+def local_error_work(q: int, d: int) -> LocalErrorWork:
+    """Work arrays of :func:`local_error` for IWP order ``q`` and ``d`` states."""
+    return LocalErrorWork(np.empty(((q + 1) * d, d)), np.empty((d, d)), np.empty((d, d)), np.empty(d))
+
+
+@nb.njit(**INLINE_JIT)
+def floored_kappa(kappa: float) -> float:
+    """A calibrated diffusion as the filters use it: at least :data:`KAPPA_FLOOR` (NaN also floors)."""
+    return kappa if math.isfinite(kappa) and kappa > KAPPA_FLOOR else KAPPA_FLOOR
+
+
+@nb.njit(**INLINE_JIT)
+def global_kappa(stat_sum: float, n_steps: int, d: int) -> float:
+    """The global quasi-MLE ``κ̂ = Σ ẑᵀ S⁻¹ ẑ / (N d)`` of a unit-diffusion run (1 without steps, NaN if not finite)."""
+    if n_steps == 0:
+        return 1.0
+    kappa = stat_sum / (n_steps * d)
+    return max(kappa, KAPPA_FLOOR) if math.isfinite(kappa) else math.nan
+
+
+@nb.njit(**INLINE_JIT)
+def local_defect_covariance(tr: StepTransition, jac: np.ndarray, bq: np.ndarray, c: np.ndarray) -> None:
+    """``c = H Q(h) H^T`` at unit diffusion, ``H = E1 - J E0`` (error-free previous step); ``bq`` = its root."""
+    q, d, rq, t = tr.q, tr.d, tr.rq, tr.tvec
+    dd = (q + 1) * d
+    for i in range(q + 1):
+        for a in range(d):
+            row = i * d + a
+            for k in range(d):
+                v = rq[i, 1] * t[1] if a == k else 0.0
+                bq[row, k] = v - rq[i, 0] * t[0] * jac[k, a]
+    for k in range(d):
+        for l in range(d):
+            s = 0.0
+            for row in range(dd):
+                s += bq[row, k] * bq[row, l]
+            c[k, l] = s
+
+
+@nb.njit(**INLINE_JIT)
+def quadratic_form_inverse(c: np.ndarray, z: np.ndarray, d: int, work: np.ndarray, tmp: np.ndarray) -> float:
+    """``z^T C^{-1} z`` by Cholesky; ``inf`` when ``C`` is not positive definite."""
+    for i in range(d):
+        for j in range(d):
+            work[i, j] = c[i, j]
+    if not cholesky_inplace(work, d):
+        return math.inf
+    s = 0.0
+    for i in range(d):
+        v = z[i]
+        for k in range(i):
+            v -= work[i, k] * tmp[k]
+        tmp[i] = v / work[i, i]
+        s += tmp[i] * tmp[i]
+    return s
+
+
+@nb.njit(**INLINE_JIT)
+def local_error(
+    tr: StepTransition, h: float, jac: np.ndarray, zhat: np.ndarray, y_prev: np.ndarray, y_new: np.ndarray,
+    control: Stepping, work: LocalErrorWork,
+) -> tuple[float, float]:
+    """Scaled local error estimate of one ODE-filter step and the local diffusion estimate.
+
+    The local diffusion is the quasi-MLE ``σ̂² = ẑᵀ (H Q(h) Hᵀ)⁻¹ ẑ / d`` under an error-free previous
+    step (Schober et al., 2019; Bosch, Hennig & Tronarp, 2021, eq. 21). The error estimate is the
+    standard deviation of the defect, ``e = h σ̂ diag(H Q(h) Hᵀ)^{1/2}`` (Bosch et al., 2021, eq. 27;
+    the factor ``h`` as in ProbNumDiffEq.jl), measured in the mixed norm of Hairer, Nørsett & Wanner
+    (1993, §II.4): ``E = ‖e / (atol + rtol max(|y_prev|, |y_new|))‖_rms`` with the tolerances of
+    ``control``. A step with ``E ≤ 1`` meets the tolerances. Returns ``(E, σ̂²)``; both are ``inf``
+    when ``H Q Hᵀ`` is singular.
+    """
+    d = tr.d
+    local_defect_covariance(tr, jac, work.hqh_root, work.hqh)
+    local_kappa = quadratic_form_inverse(work.hqh, zhat, d, work.chol, work.tmp) / d
+    if not math.isfinite(local_kappa):
+        return math.inf, math.inf
+    acc = 0.0
+    for k in range(d):
+        e = h * math.sqrt(max(local_kappa * work.hqh[k, k], 0.0))
+        sc = control.atol + control.rtol * max(abs(y_prev[k]), abs(y_new[k]))
+        acc += (e / sc) ** 2
+    return math.sqrt(acc / d), local_kappa
+
+
+@nb.njit(**INLINE_JIT)
+def local_kappa_adjoint(
+    kbar: float, tr: StepTransition, lin: np.ndarray, zhat: np.ndarray, work: LocalErrorWork, zbar: np.ndarray,
+    jbar: np.ndarray,
+) -> None:
+    """Adjoint of the local diffusion ``κ = ẑᵀ C⁻¹ ẑ / d``, ``C = H Q(h) Hᵀ``, ``H = E1 − L E0``.
+
+    With ``β = C⁻¹ ẑ``: ``ẑ̄ = 2 κ̄ β / d`` and, through ``C̄ = −κ̄ ββᵀ / d`` and ``H̄ = 2 C̄ H Q``,
+    ``L̄ = (2 κ̄ / d) β βᵀ (Hᵀ… )`` restricted to the ``E0`` columns. Writes ``zbar`` (d) and ``jbar``
+    (d, d).
+    """
+    q, d, rq = tr.q, tr.d, tr.rq
+    local_defect_covariance(tr, lin, work.hqh_root, work.hqh)
+    # Cholesky factor L of C in work.chol and L⁻¹ ẑ in work.tmp; then β = L⁻ᵀ (L⁻¹ ẑ) in place.
+    chol = work.chol
+    beta = work.tmp
+    if not math.isfinite(quadratic_form_inverse(work.hqh, zhat, d, chol, beta)):
+        zbar[:] = 0.0
+        jbar[:, :] = 0.0
+        return
+    for i in range(d - 1, -1, -1):
+        v = beta[i]
+        for k in range(i + 1, d):
+            v -= chol[k, i] * beta[k]
+        beta[i] = v / chol[i, i]
+    scale = 2.0 * kbar / d
+    for k in range(d):
+        zbar[k] = scale * beta[k]
+    # (Hᵀ-root)ᵀ M restricted to E0: u[l, a] = Σ_i B[(i, a), l] rq[i, 0] T_0, with B = M Hᵀ.
+    for a in range(d):
+        s = 0.0
+        for l in range(d):
+            u = 0.0
+            for i in range(q + 1):
+                u += work.hqh_root[i * d + a, l] * rq[i, 0]
+            s += beta[l] * u * tr.tvec[0]
+        for k in range(d):
+            jbar[k, a] = scale * beta[k] * s

@@ -1,0 +1,326 @@
+"""Linearisation and update of the ODE filters (EK0, EK1), each with its adjoint.
+
+The ODE information ``0 = E1 x − f(E0 x)`` is linearised at the predicted solution ``ξ = E0 μ⁻``:
+``H = E1 − L E0`` with ``L = ∂f/∂y(ξ)`` (EK1) or ``L = 0`` (EK0), and residual ``ẑ = E1 μ⁻ − f(ξ)``
+(Tronarp, Kersting, Särkkä & Hennig, 2019). The update's value is computed on square roots (one QR,
+Bosch, 2024, PhD thesis); :func:`update_adjoint` is the adjoint of a general Gaussian update on
+covariances, shared by the ODE update and the Fenrir data update (Tronarp, Bosch & Hennig, 2022).
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numba as nb
+import numpy as np
+
+from pymc_pnode._jit import INLINE_JIT
+from pymc_pnode.filtering.linalg import cholesky_inplace, solve_lower, tria_cols_inplace
+
+# The vector field as the forward pass needs it: f, ∂f/∂y, the parameters and EK1 (else EK0).
+VectorField = namedtuple("VectorField", ["rhs", "jac_y", "theta", "ek1"])
+# The derivatives only the adjoints need: ∂f/∂θ, ∂²f/∂y², ∂²f/∂y∂θ.
+FieldDerivatives = namedtuple("FieldDerivatives", ["jac_p", "hess_yy", "hess_yp"])
+# Scratch of one linearisation: ξ, f(ξ) and ∂f/∂y(ξ) (zeros for EK0).
+LinearisationWork = namedtuple("LinearisationWork", ["xi", "fx", "jac"])
+# A linear Gaussian observation of the state: rows ``H[:rows]``, noise variances, residual ``r = H μ⁻ + c``.
+GaussianObservation = namedtuple("GaussianObservation", ["hm", "noise_var", "resid", "rows"])
+# Adjoints of a Gaussian's mean and covariance.
+Cotangent = namedtuple("Cotangent", ["mean", "cov"])
+# What :func:`update_adjoint` returns besides the cotangent: adjoints of the residual, of the noise
+# variances (diagonal of S̄) and of H.
+UpdateAdjointOut = namedtuple("UpdateAdjointOut", ["rbar", "sdiag", "hbar"])
+UpdateAdjointWork = namedtuple("UpdateAdjointWork", ["wk", "wm", "wv"])
+# Cotangents reaching one linearisation: of the residual ẑ through the update (rbar) and through the local
+# diffusion (zbar), of H (hbar) and of L through the local diffusion (jbar).
+LinearisationCotangents = namedtuple("LinearisationCotangents", ["rbar", "hbar", "zbar", "jbar"])
+LinearisationAdjointWork = namedtuple("LinearisationAdjointWork", ["lbar", "xbar", "jp", "hyy", "hyp", "jtrue"])
+
+
+@nb.njit(**INLINE_JIT)
+def linearisation_work(d: int) -> LinearisationWork:
+    """Scratch arrays of :func:`linearise` for ``d`` states."""
+    return LinearisationWork(np.empty(d), np.empty(d), np.zeros((d, d)))
+
+
+@nb.njit(**INLINE_JIT)
+def update_adjoint_work(dd: int, rows: int) -> UpdateAdjointWork:
+    """Work arrays of :func:`update_adjoint` for states of length ``dd`` and up to ``rows`` observed rows."""
+    return UpdateAdjointWork(np.empty((4, dd, rows)), np.empty((4, rows, rows)), np.empty((4, max(dd, rows))))
+
+
+@nb.njit(**INLINE_JIT)
+def linearisation_adjoint_work(d: int, k: int) -> LinearisationAdjointWork:
+    """Work arrays of :func:`linearise_adjoint` for ``d`` states and ``k`` parameters."""
+    return LinearisationAdjointWork(np.empty((d, d)), np.empty(d), np.zeros((d, k)), np.zeros((d, d, d)),
+                                    np.zeros((d, d, k)), np.zeros((d, d)))
+
+
+@nb.njit(**INLINE_JIT)
+def linearise(
+    field: VectorField, t: float, mu_pred: np.ndarray, d: int, work: LinearisationWork, lin: np.ndarray,
+    zhat: np.ndarray,
+) -> None:
+    """``L`` (into ``lin``) and ``ẑ = E1 μ⁻ − f(ξ)`` (into ``zhat``) at ``ξ = E0 μ⁻`` (``work.xi``, ``work.fx``)."""
+    for c in range(d):
+        work.xi[c] = mu_pred[c]
+    field.rhs(work.xi, t, field.theta, work.fx)
+    if field.ek1:
+        field.jac_y(work.xi, t, field.theta, work.jac)
+    for r in range(d):  # grown rows are uninitialised: write the zeros of EK0 too
+        for c in range(d):
+            lin[r, c] = work.jac[r, c]
+    for c in range(d):
+        zhat[c] = mu_pred[d + c] - work.fx[c]
+
+
+@nb.njit(**INLINE_JIT)
+def ode_observation_matrix(lin: np.ndarray, d: int, hm: np.ndarray) -> None:
+    """``hm[:d] = H = E1 − L E0`` (the other columns zero)."""
+    hm[:, :] = 0.0
+    for r in range(d):
+        hm[r, d + r] = 1.0
+        for c in range(d):
+            hm[r, c] = -lin[r, c]
+
+
+@nb.njit(**INLINE_JIT)
+def linearise_adjoint(
+    field: VectorField, derivs: FieldDerivatives, t: float, xi: np.ndarray, lin: np.ndarray, d: int,
+    cot: LinearisationCotangents, mbar_pred: np.ndarray, grad_theta: np.ndarray, work: LinearisationAdjointWork,
+) -> None:
+    """Adjoint of :func:`linearise` through ``H = E1 − L E0`` and ``c = −f(ξ) + L ξ`` (so that ``r = H μ⁻ + c = ẑ``).
+
+    ``cot.rbar`` is the adjoint of ``c``, ``cot.hbar`` of ``H``; ``cot.zbar`` and ``cot.jbar`` those of ``ẑ``
+    and ``L`` through the local diffusion. Adds the adjoints of ``μ⁻`` (through ``ξ`` and ``E1 μ⁻``) to
+    ``mbar_pred`` and those of ``θ`` to ``grad_theta``. EK1's ``L = J(ξ)`` brings the second derivatives.
+    """
+    k = grad_theta.shape[0]
+    rbar, zbar = cot.rbar, cot.zbar
+    for c in range(d):
+        mbar_pred[d + c] += zbar[c]
+    derivs.jac_p(xi, t, field.theta, work.jp)
+    for j in range(k):
+        s = 0.0
+        for c in range(d):
+            s -= work.jp[c, j] * (rbar[c] + zbar[c])
+        grad_theta[j] += s
+    xbar = work.xbar
+    if field.ek1:
+        derivs.hess_yy(xi, t, field.theta, work.hyy)
+        derivs.hess_yp(xi, t, field.theta, work.hyp)
+        lbar = work.lbar
+        for r in range(d):
+            for c in range(d):
+                lbar[r, c] = -cot.hbar[r, c] + rbar[r] * xi[c] + cot.jbar[r, c]
+        for e in range(d):
+            s = 0.0
+            for r in range(d):
+                s -= lin[r, e] * zbar[r]
+                for c in range(d):
+                    s += lbar[r, c] * work.hyy[r, c, e]
+            xbar[e] = s
+        for j in range(k):
+            s = 0.0
+            for r in range(d):
+                for c in range(d):
+                    s += lbar[r, c] * work.hyp[r, c, j]
+            grad_theta[j] += s
+    else:
+        field.jac_y(xi, t, field.theta, work.jtrue)
+        for e in range(d):
+            s = 0.0
+            for c in range(d):
+                s -= work.jtrue[c, e] * (rbar[c] + zbar[c])
+            xbar[e] = s
+    for e in range(d):
+        mbar_pred[e] += xbar[e]
+
+
+@nb.njit(**INLINE_JIT)
+def update_sqrt(
+    r_pred: np.ndarray, mu_pred: np.ndarray, lin: np.ndarray, zhat: np.ndarray, q: int, d: int, m: np.ndarray,
+    w: np.ndarray, mu_out: np.ndarray, r_out: np.ndarray,
+) -> float:
+    """Condition on the zero defect ``E1 x - f(E0 x) = 0`` linearised with ``H = E1 - L E0``.
+
+    One QR of ``[R⁻ H^T | R⁻]`` yields ``S^{1/2}`` (R11), the gain ``K = R12^T R11^{-T}`` and the
+    posterior square root (R22). ``m`` is ``(d + D + 1, D)`` work space (the stack, transposed, and
+    the QR's work vector), ``w`` of length ``≥ d``.
+    Returns ``ẑ^T S^{-1} ẑ`` (the calibration statistic).
+    """
+    dd = (q + 1) * d
+    # m holds the transposed stack: m[k] = column k of [R⁻ Hᵀ | R⁻]
+    for k in range(d):
+        for row in range(dd):
+            s = r_pred[row, d + k]
+            for l in range(d):
+                s -= r_pred[row, l] * lin[k, l]
+            m[k, row] = s
+    for col in range(dd):
+        for row in range(dd):
+            m[d + col, row] = r_pred[row, col]
+    tria_cols_inplace(m, dd, d + dd, m[d + dd])
+    solve_lower(m, d, zhat, w)
+    stat = 0.0
+    for k in range(d):
+        stat += w[k] * w[k]
+    for col in range(dd):
+        s = 0.0
+        for k in range(d):
+            s += m[d + col, k] * w[k]
+        mu_out[col] = mu_pred[col] - s
+    for row in range(dd):
+        for col in range(dd):
+            r_out[row, col] = m[d + col, d + row] if row < dd - d else 0.0
+    return stat
+
+
+@nb.njit(**INLINE_JIT)
+def spd_inverse(s: np.ndarray, n: int, inv: np.ndarray, work: np.ndarray) -> bool:
+    """``inv[:n, :n] = s[:n, :n]⁻¹`` by Cholesky; False if not positive definite."""
+    for i in range(n):
+        for j in range(n):
+            work[i, j] = s[i, j]
+    if not cholesky_inplace(work, n):
+        return False
+    # inv = L⁻ᵀ L⁻¹, column by column
+    for col in range(n):
+        for i in range(n):
+            v = 1.0 if i == col else 0.0
+            for k in range(i):
+                v -= work[i, k] * inv[k, col]
+            inv[i, col] = v / work[i, i]
+        for i in range(n - 1, -1, -1):
+            v = inv[i, col]
+            for k in range(i + 1, n):
+                v -= work[k, i] * inv[k, col]
+            inv[i, col] = v / work[i, i]
+    return True
+
+
+@nb.njit(**INLINE_JIT)
+def update_adjoint(
+    obs: GaussianObservation, sp: np.ndarray, spost: np.ndarray, mu_pred: np.ndarray, weights: tuple[float, float],
+    bar: Cotangent, want_h: bool, out: UpdateAdjointOut, work: UpdateAdjointWork,
+) -> bool:
+    """Adjoint of ``μ⁺ = μ⁻ − K r``, ``Σ⁺ = Σ⁻ − K S Kᵀ`` and ``−½ (wq rᵀS⁻¹r + wl log|S|)``.
+
+    ``weights = (wq, wl)``: ``wq = wl = w`` is the adjoint of ``w · log N(r; 0, S)`` (up to a constant);
+    ``wq = −2c, wl = 0`` that of ``c · rᵀS⁻¹r``, the calibration statistic.
+
+    ``S = H Σ⁻ Hᵀ + diag(noise_var)``, ``K = Σ⁻ Hᵀ S⁻¹``, residual ``r = H μ⁻ + c`` (``obs``); ``sp`` is
+    ``Σ⁻``. On entry ``bar`` (its covariance symmetric) holds the adjoints of ``μ⁺, Σ⁺``; on exit those of
+    ``μ⁻, Σ⁻``. Outputs: ``out.rbar`` (adjoint of ``r``, i.e. of ``c``), ``out.sdiag`` (diagonal of ``S̄``,
+    for the noise) and, if ``want_h``, ``out.hbar`` (adjoint of ``H``; needs ``spost = Σ⁺``). Returns
+    False if ``S`` is singular. Work arrays (:func:`update_adjoint_work`): ``wk`` (4, D, m), ``wm``
+    (4, m, m), ``wv`` (4, max(D, m)).
+    """
+    hm, nv, r, mo = obs.hm, obs.noise_var, obs.resid, obs.rows
+    wq, wl = weights
+    mbar, sbar = bar.mean, bar.cov
+    rbar, sdiag, hbar = out.rbar, out.sdiag, out.hbar
+    dd = sp.shape[0]
+    u, kg, t1, mh_t = work.wk[0], work.wk[1], work.wk[2], work.wk[3]
+    smat, sinv, mmat, chol = work.wm[0], work.wm[1], work.wm[2], work.wm[3]
+    bm, v, alpha, kr = work.wv[0], work.wv[1], work.wv[2], work.wv[3]
+    # U = Σ⁻ Hᵀ, S = H U + R
+    for a_ in range(dd):
+        for i in range(mo):
+            s = 0.0
+            for b in range(dd):
+                s += sp[a_, b] * hm[i, b]
+            u[a_, i] = s
+    for i in range(mo):
+        for j in range(mo):
+            s = nv[i] if i == j else 0.0
+            for b in range(dd):
+                s += hm[i, b] * u[b, j]
+            smat[i, j] = s
+    if not spd_inverse(smat, mo, sinv, chol):
+        return False
+    for i in range(mo):
+        s = 0.0
+        for j in range(mo):
+            s += sinv[i, j] * r[j]
+        alpha[i] = s
+    for a_ in range(dd):
+        for j in range(mo):
+            s = 0.0
+            for i in range(mo):
+                s += u[a_, i] * sinv[i, j]
+            kg[a_, j] = s
+    # km = Kᵀ μ̄⁺ (kept in rbar for now), v = Hᵀ α, T1 = Σ̄⁺ K
+    for i in range(mo):
+        s = 0.0
+        for a_ in range(dd):
+            s += kg[a_, i] * mbar[a_]
+        rbar[i] = s
+    for b in range(dd):
+        s = 0.0
+        for i in range(mo):
+            s += hm[i, b] * alpha[i]
+        v[b] = s
+    for a_ in range(dd):
+        for j in range(mo):
+            s = 0.0
+            for b in range(dd):
+                s += sbar[a_, b] * kg[b, j]
+            t1[a_, j] = s
+    # KᵀΣ̄⁺K and M = ½ w (ααᵀ − S⁻¹) + KᵀΣ̄⁺K; S̄ = M + sym(km αᵀ)
+    for i in range(mo):
+        for j in range(mo):
+            s = 0.0
+            for a_ in range(dd):
+                s += kg[a_, i] * t1[a_, j]
+            mmat[i, j] = 0.5 * (wq * alpha[i] * alpha[j] - wl * sinv[i, j]) + s
+    for i in range(mo):
+        sdiag[i] = mmat[i, i] + rbar[i] * alpha[i]
+    # B^T μ̄⁺ = μ̄⁺ − Hᵀ km
+    for b in range(dd):
+        s = mbar[b]
+        for i in range(mo):
+            s -= hm[i, b] * rbar[i]
+        bm[b] = s
+    if want_h:
+        # H̄ = −2 (Σ̄⁺K)ᵀ Σ⁺ − α (Σ⁺ μ̄⁺)ᵀ + (wq ααᵀ − wl S⁻¹) Uᵀ + km (K r)ᵀ + r̄ μ⁻ᵀ, r̄ = −wq α − km
+        for a_ in range(dd):
+            s = 0.0
+            for i in range(mo):
+                s += kg[a_, i] * r[i]
+            kr[a_] = s
+        for b in range(dd):
+            s = 0.0
+            for c in range(dd):
+                s += spost[b, c] * mbar[c]
+            work_b = s
+            for i in range(mo):
+                acc = -alpha[i] * work_b + rbar[i] * kr[b] + (-wq * alpha[i] - rbar[i]) * mu_pred[b]
+                s2 = 0.0
+                for c in range(dd):
+                    s2 += t1[c, i] * spost[c, b]
+                acc -= 2.0 * s2
+                s3 = 0.0
+                for j in range(mo):
+                    s3 += (wq * alpha[i] * alpha[j] - wl * sinv[i, j]) * u[b, j]
+                acc += s3
+                hbar[i, b] = acc
+    # Σ̄⁻ = Σ̄⁺ − T1 H − Hᵀ T1ᵀ + Hᵀ M H − ½ (bm vᵀ + v bmᵀ)   (in place, symmetric)
+    for b in range(dd):
+        for i in range(mo):
+            s = 0.0
+            for j in range(mo):
+                s += mmat[i, j] * hm[j, b]
+            mh_t[b, i] = s
+    for a_ in range(dd):
+        for b in range(a_, dd):
+            s = sbar[a_, b] - 0.5 * (bm[a_] * v[b] + v[a_] * bm[b])
+            for i in range(mo):
+                s += hm[i, a_] * (mh_t[b, i] - t1[b, i]) - t1[a_, i] * hm[i, b]
+            sbar[a_, b] = s
+            sbar[b, a_] = s
+    for b in range(dd):
+        mbar[b] = bm[b] - wq * v[b]
+    for i in range(mo):
+        rbar[i] = -wq * alpha[i] - rbar[i]
+    return True
