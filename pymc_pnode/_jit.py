@@ -8,6 +8,7 @@ import functools
 from collections.abc import Callable, Iterator
 
 import numba as nb
+import numpy as np
 
 # Compilation options of every kernel of the package: cached on disk, NumPy's error model (no exceptions
 # in division), no GIL.
@@ -68,6 +69,16 @@ def slp_vectorization() -> Iterator[None]:
         yield
     finally:
         nb.config.SLP_VECTORIZE = previous
+
+
+def readonly(x, dtype=np.float64) -> np.ndarray:
+    """A read-only C-contiguous view (or copy) of ``x`` with ``dtype``, as the kernels' signatures type their
+    inputs (PyTensor's numba backend passes constants read-only)."""
+    arr = np.ascontiguousarray(x, dtype=dtype)
+    if arr.flags.writeable:
+        arr = arr.view()
+        arr.flags.writeable = False
+    return arr
 
 
 def register_object_mode(op_type: type, output_type, make_function: Callable) -> None:

@@ -25,7 +25,7 @@ from pymc_pnode.differential_equation import flag_failed_solve
 from pymc_pnode.filtering.tangents import filter_tangents
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import EK1, _ODEFilter, solve
+from pymc_pnode.solve import ODEFilter, solve, validate_filter, validate_ode
 from pymc_pnode.validation import validate_times
 
 __all__ = ["PNSolutionProblem", "probabilistic_solution"]
@@ -41,7 +41,7 @@ class PNSolutionProblem:
 
     ode: ODE
     times: np.ndarray
-    solver: _ODEFilter
+    solver: ODEFilter
     step: float | None
     rtol: float
     atol: float
@@ -79,8 +79,8 @@ class PNSolutionProblem:
         taylor_jac(y0, ode.t0, theta, dy, dp)
         dmu0 = np.concatenate([dy, dp], axis=2).reshape((q + 1) * d, n_dir)
         dmean, dvar, dstat = filter_tangents(  # (EK0 does not call the second derivatives)
-            ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, sol._grid, sol._mus, sol._rs,
-            sol._kappas, dmu0, q, d, self.solver.prior.Q_bar_sqrt, self.solver.ek1, sol._out_index,
+            ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, sol.run.grid, sol.run.mu, sol.run.r,
+            sol.run.kappa, dmu0, q, d, self.solver.prior.Q_bar_sqrt, self.solver.ek1, sol.out_index,
         )
         mean, std = sol.mean, sol.std
         var = std**2
@@ -151,7 +151,7 @@ def probabilistic_solution(
     theta,
     times,
     *,
-    solver: _ODEFilter | None = None,
+    solver: ODEFilter | None = None,
     step: float | None = None,
     rtol: float = 1e-6,
     atol: float = 1e-9,
@@ -195,11 +195,8 @@ def probabilistic_solution(
     mean, std : TensorVariable
         Shape ``(len(times), n_states)`` each.
     """
-    if not isinstance(ode, ODE):
-        raise ValueError(f"ode must be a pymc_pnode.ODE, got {type(ode).__name__}")
-    solver = EK1(order=3) if solver is None else solver
-    if not isinstance(solver, _ODEFilter):
-        raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
+    ode = validate_ode(ode)
+    solver = validate_filter(solver)
     times = validate_times(times, "times", start=ode.t0)
     if times[-1] <= ode.t0:
         raise ValueError(f"times must reach beyond the ODE's t0={ode.t0}")

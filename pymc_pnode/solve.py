@@ -14,6 +14,9 @@ from pymc_pnode.filtering.odefilter import (
     DIFFUSION_GLOBAL,
     DIFFUSION_LOCAL,
     Diffusion,
+    ForwardRun,
+    ForwardStats,
+    allocate_run,
     run_filter,
 )
 from pymc_pnode.filtering.smoother import BackwardKernel, interpolate, sample_backward, smooth
@@ -28,7 +31,7 @@ from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
 from pymc_pnode.validation import as_positive_int, validate_step, validate_t_span, validate_times
 
-__all__ = ["EK0", "EK1", "ProbabilisticSolution", "solve"]
+__all__ = ["EK0", "EK1", "ODEFilter", "ProbabilisticSolution", "solve", "validate_filter", "validate_ode"]
 
 
 @lru_cache(maxsize=None)
@@ -38,7 +41,9 @@ def _iwp(order: int) -> IWP:
 
 
 @dataclass(frozen=True)
-class _ODEFilter:
+class ODEFilter:
+    """An extended Kalman ODE filter with the IWP(``order``) prior: :class:`EK0` or :class:`EK1`."""
+
     order: int = 3
     ek1: bool = field(default=True, init=False, repr=False)
 
@@ -51,7 +56,7 @@ class _ODEFilter:
 
 
 @dataclass(frozen=True)
-class EK1(_ODEFilter):
+class EK1(ODEFilter):
     """First-order extended Kalman ODE filter (linearises with the Jacobian of the vector field).
 
     Semi-implicit and A-stable; the default solver. ``order`` is the number ``q`` of derivatives
@@ -62,7 +67,7 @@ class EK1(_ODEFilter):
 
 
 @dataclass(frozen=True)
-class EK0(_ODEFilter):
+class EK0(ODEFilter):
     """Zeroth-order extended Kalman ODE filter (no Jacobian; explicit, not A-stable).
 
     Its stability interval shrinks quickly with the order: with fixed steps prefer ``order <= 3``
@@ -70,6 +75,21 @@ class EK0(_ODEFilter):
     """
 
     ek1: bool = field(default=False, init=False, repr=False)
+
+
+def validate_filter(solver) -> ODEFilter:
+    """``solver``, or the default ``EK1(order=3)`` for None; a ``ValueError`` unless it is an EK0 or EK1."""
+    solver = EK1(order=3) if solver is None else solver
+    if not isinstance(solver, ODEFilter):
+        raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
+    return solver
+
+
+def validate_ode(ode) -> ODE:
+    """``ode`` when it is a :class:`pymc_pnode.ODE`; a ``ValueError`` otherwise."""
+    if not isinstance(ode, ODE):
+        raise ValueError(f"ode must be a pymc_pnode.ODE, got {type(ode).__name__}")
+    return ode
 
 
 _DIFFUSIONS = {
@@ -121,20 +141,23 @@ class ProbabilisticSolution:
     stats : dict
         ``n_steps`` (accepted), ``n_rejected``, ``n_f_evals``, ``success``, ``status``,
         ``message``, ``t_final`` (the last time reached) and the calibrated ``diffusion``.
+    run : ForwardRun
+        The filter on its grid (:data:`pymc_pnode.filtering.odefilter.ForwardRun`): ``grid``, filter means
+        ``mu`` and right square roots ``r`` of the covariances, and the diffusion ``kappa`` of each step.
+    out_index : ndarray
+        The grid indices of the output times ``t``.
     """
 
-    def __init__(self, ode, theta, solver, ts, mus, rs, kappas, out_index, stats, smoothed):
+    def __init__(self, ode: ODE, theta: np.ndarray, solver: ODEFilter, run: ForwardRun, out_index: np.ndarray,
+                 stats: dict, smoothed: bool):
         self.ode = ode
         self.theta = theta
         self.solver = solver
         self.stats = stats
-        self._grid = ts
-        self._mus = mus
-        self._rs = rs
-        self._kappas = kappas
-        self._out_index = out_index
+        self.run = run
+        self.out_index = out_index
         self._smoothed_wanted = smoothed
-        self.t = ts[out_index]
+        self.t = run.grid[out_index]
 
     @property
     def success(self) -> bool:
@@ -145,17 +168,18 @@ class ProbabilisticSolution:
     def _smoothing(self):
         q = self.solver.order
         rq = self.solver.prior.Q_bar_sqrt
-        if self._grid.size < 2:
-            empty = np.zeros((self._grid.size,) + self._rs.shape[1:])
-            return self._mus, self._rs, BackwardKernel(empty, np.zeros_like(self._mus), empty)
-        return smooth(self._grid, self._mus, self._rs, self._kappas, q, self.ode.n_states, rq)
+        run = self.run
+        if run.grid.size < 2:
+            empty = np.zeros((run.grid.size,) + run.r.shape[1:])
+            return run.mu, run.r, BackwardKernel(empty, np.zeros_like(run.mu), empty)
+        return smooth(run.grid, run.mu, run.r, run.kappa, q, self.ode.n_states, rq)
 
     def _state(self):
         if self._smoothed_wanted:
             mus, rs = self._smoothing[:2]
         else:
-            mus, rs = self._mus, self._rs
-        return mus[self._out_index], rs[self._out_index]
+            mus, rs = self.run.mu, self.run.r
+        return mus[self.out_index], rs[self.out_index]
 
     @cached_property
     def state_mean(self) -> np.ndarray:
@@ -187,13 +211,14 @@ class ProbabilisticSolution:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         rng = np.random.default_rng(rng)
         kernels = self._smoothing[2]
-        z = rng.standard_normal((int(n),) + self._mus.shape)
-        draws = sample_backward(self._mus[-1], self._rs[-1], kernels, z)
-        return draws[:, self._out_index, : self.ode.n_states]
+        z = rng.standard_normal((int(n),) + self.run.mu.shape)
+        draws = sample_backward(self.run.mu[-1], self.run.r[-1], kernels, z)
+        return draws[:, self.out_index, : self.ode.n_states]
 
     def interpolate(self, times) -> tuple[np.ndarray, np.ndarray]:
         """Dense output: smoothed mean ``(T', d)`` and covariance ``(T', d, d)`` at any ``times``."""
-        times = validate_times(times, "times", span=(self._grid[0], self._grid[-1]))
+        run = self.run
+        times = validate_times(times, "times", span=(run.grid[0], run.grid[-1]))
         smoothed = self._smoothing[:2]
         q, d = self.solver.order, self.ode.n_states
         rq = self.solver.prior.Q_bar_sqrt
@@ -203,7 +228,7 @@ class ProbabilisticSolution:
         mu = np.empty(dd)
         r = np.empty((dd, dd))
         for i, t in enumerate(times):
-            interpolate(t, self._grid, self._mus, self._rs, self._kappas, smoothed, rq, q, d, (mu, r))
+            interpolate(t, run.grid, run.mu, run.r, run.kappa, smoothed, rq, q, d, (mu, r))
             mean[i] = mu[:d]
             cov[i] = r[:, :d].T @ r[:, :d]
         return mean, cov
@@ -240,7 +265,7 @@ def solve(
     theta,
     t_span,
     *,
-    solver: _ODEFilter | None = None,
+    solver: ODEFilter | None = None,
     step: float | None = None,
     rtol: float = 1e-6,
     atol: float = 1e-9,
@@ -295,11 +320,8 @@ def solve(
     ValueError
         For invalid arguments (shapes, times, step, tolerances, order, diffusion).
     """
-    if not isinstance(ode, ODE):
-        raise ValueError(f"ode must be a pymc_pnode.ODE, got {type(ode).__name__}")
-    solver = EK1(order=3) if solver is None else solver
-    if not isinstance(solver, _ODEFilter):
-        raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
+    ode = validate_ode(ode)
+    solver = validate_filter(solver)
     y0 = ode.validate_y0(y0)
     theta = ode.validate_theta(theta)
     t0, t1 = validate_t_span(t_span)
@@ -324,36 +346,30 @@ def solve(
     taylor(y0, t0, theta, coeffs)
     mu0 = coeffs.reshape(-1).copy()
     if not np.all(np.isfinite(mu0)):
-        ts, mus = grid[:1], mu0[None, :]
-        rs = np.zeros((1, mu0.size, mu0.size))
-        kap = np.zeros(1)
-        n_acc = n_rej = n_f = 0
-        status, stat_sum = STATUS_NONFINITE, 0.0
+        run = allocate_run(1, q, d, False)
+        run.grid[0], run.mu[0], run.r[0], run.kappa[0] = t0, mu0, 0.0, 0.0
+        counts = ForwardStats(0, 0, 0, STATUS_NONFINITE, 0.0, 0.0)
     else:
         h0 = initial_step_size(ode.rhs, y0, t0, theta, float(rtol), float(atol)) if adaptive else 0.0
-        stepping = Stepping(adaptive, min(h0, t1 - t0), float(rtol), float(atol), int(max_steps), False)
+        stepping = Stepping(adaptive, min(h0, t1 - t0), float(rtol), float(atol), max_steps, False)
         run, counts = run_filter(ode.rhs, ode.jac_y, theta, solver.ek1, mu0, prior.Q_bar_sqrt,
                                  Diffusion(mode, kappa), stepping, grid)
-        ts, mus, rs, kap = run.grid, run.mu, run.r, run.kappa
-        n_acc, n_rej, n_f, status, stat_sum = counts.n_steps, counts.n_rejected, counts.n_f_evals, counts.status, \
-            counts.stat_sum
     sigma2 = kappa
     if mode == DIFFUSION_GLOBAL:
-        sigma2 = global_kappa(stat_sum, n_acc, d)
-        rs = rs * math.sqrt(sigma2)
-        kap = np.full_like(kap, sigma2)
+        sigma2 = global_kappa(counts.stat_sum, counts.n_steps, d)
+        run = run._replace(r=run.r * math.sqrt(sigma2), kappa=np.full_like(run.kappa, sigma2))
     elif mode == DIFFUSION_LOCAL:
-        sigma2 = float(np.mean(kap[1:])) if kap.size > 1 else 1.0
+        sigma2 = float(np.mean(run.kappa[1:])) if run.kappa.size > 1 else 1.0
     # Outputs: every step, or the requested times (always on the grid: the solver steps through them).
-    out_index = np.arange(ts.size) if save_at is None else np.nonzero(np.isin(ts, save))[0]
+    out_index = np.arange(run.grid.size) if save_at is None else np.nonzero(np.isin(run.grid, save))[0]
     stats = {
-        "n_steps": int(n_acc),
-        "n_rejected": int(n_rej),
-        "n_f_evals": int(n_f),
-        "status": int(status),
-        "success": status == STATUS_SUCCESS,
-        "message": STATUS_MESSAGES[int(status)],
+        "n_steps": int(counts.n_steps),
+        "n_rejected": int(counts.n_rejected),
+        "n_f_evals": int(counts.n_f_evals),
+        "status": int(counts.status),
+        "success": counts.status == STATUS_SUCCESS,
+        "message": STATUS_MESSAGES[int(counts.status)],
         "diffusion": float(sigma2),
-        "t_final": float(ts[-1]),
+        "t_final": float(run.grid[-1]),
     }
-    return ProbabilisticSolution(ode, theta, solver, ts, mus, rs, kap, out_index, stats, smooth)
+    return ProbabilisticSolution(ode, theta, solver, run, out_index, stats, smooth)

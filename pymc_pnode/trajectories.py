@@ -7,7 +7,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import EK1, _ODEFilter, solve
+from pymc_pnode.solve import ODEFilter, solve, validate_filter
 
 __all__ = ["posterior_trajectories"]
 
@@ -46,7 +46,7 @@ def posterior_trajectories(
     theta,
     t_span: tuple[float, float],
     diffusion="calibrated",
-    solver: _ODEFilter | None = None,
+    solver: ODEFilter | None = None,
     step: float | None = None,
     times=None,
     n_points: int = 200,
@@ -97,7 +97,7 @@ def posterior_trajectories(
     else:
         kappas = [diffusion] * pick.size
     times = np.linspace(*t_span, n_points) if times is None else np.asarray(times, dtype=float)
-    solver = EK1(order=3) if solver is None else solver
+    solver = validate_filter(solver)
     mean = np.full((pick.size, times.size, ode.n_states), np.nan)
     std = np.full_like(mean, np.nan)
     ok = np.zeros(pick.size, dtype=bool)

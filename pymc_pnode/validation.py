@@ -71,9 +71,9 @@ def validate_times(
         raise ValueError(f"{name} must be finite, it contains NaN or ±inf")
     if np.any(np.diff(arr) <= 0):
         i = int(np.argmax(np.diff(arr) <= 0))
-        raise ValueError(f"{name} must be strictly increasing, got {arr[i]!r} followed by {arr[i + 1]!r}")
+        raise ValueError(f"{name} must be strictly increasing, got {float(arr[i])!r} followed by {float(arr[i + 1])!r}")
     if start is not None and arr[0] < start:
-        raise ValueError(f"{name} must not start before t0={start!r}, got {name}[0]={arr[0]!r}")
+        raise ValueError(f"{name} must not start before t0={start!r}, got {name}[0]={float(arr[0])!r}")
     if span is not None and (arr[0] < span[0] or arr[-1] > span[1]):
         raise ValueError(f"{name} must lie inside t_span={span}, got [{arr[0]}, {arr[-1]}]")
     return np.ascontiguousarray(arr)
@@ -139,8 +139,8 @@ def validate_data(
 def validate_noise(sigma, n_observed: int, name: str = "obs_sigma") -> np.ndarray:
     """Observation noise scales: a positive finite scalar (shared) or one per observed component."""
     s = as_float_array(sigma, name)
-    if s.ndim == 0:
-        s = np.full(n_observed, float(s))
+    if s.size == 1 and s.ndim <= 1:  # a scalar, or a one-element array, is shared
+        s = np.full(n_observed, float(s.reshape(-1)[0]))
     if s.shape != (n_observed,) or not np.all(np.isfinite(s)) or np.any(s <= 0):
         raise ValueError(f"{name} must be a positive finite scalar or an array of shape ({n_observed},), "
                          f"got {np.array2string(np.atleast_1d(s), threshold=6)}")

@@ -21,8 +21,9 @@ from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
+from pymc_pnode._jit import readonly
 from pymc_pnode.chkrebtii.problem import Discretisation, field_spec
-from pymc_pnode.chkrebtii.recursion import backward, forward, readonly
+from pymc_pnode.chkrebtii.recursion import backward, forward
 from pymc_pnode.chkrebtii.structure import covariance_structure, stacked_structure
 
 __all__ = ["CovarianceStructureOp", "CovarianceTangentOp", "RecursionGradOp", "RecursionOp"]

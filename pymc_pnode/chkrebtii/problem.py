@@ -13,7 +13,7 @@ from pymc_pnode.chkrebtii.kernels import kernel_code
 from pymc_pnode.chkrebtii.recursion import LAG_CONSTANT, LAG_FUNCTION, LAG_NONE
 from pymc_pnode.chkrebtii.structure import noise_code
 from pymc_pnode.ode import ODE
-from pymc_pnode.validation import validate_times
+from pymc_pnode.validation import validate_t_span, validate_times
 
 __all__ = ["Discretisation", "FieldSpec", "discretisation", "field_spec", "positive_parameter"]
 
@@ -61,12 +61,7 @@ class Discretisation:
 
 def discretisation(t_span, n_grid, times, kernel: str, noise: str, jitter: float) -> Discretisation:
     """Validated :class:`Discretisation`; ``ValueError`` naming the offending argument."""
-    try:
-        t0, t1 = (float(v) for v in t_span)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"t_span must be a pair (t0, t1), got {t_span!r}") from err
-    if not (math.isfinite(t0) and math.isfinite(t1) and t1 > t0):
-        raise ValueError(f"t_span must be finite with t1 > t0, got {t_span!r}")
+    t0, t1 = validate_t_span(t_span)
     if isinstance(n_grid, bool) or int(n_grid) != n_grid or n_grid < 2:
         raise ValueError(f"n_grid must be an integer >= 2, got {n_grid!r}")
     n_grid = int(n_grid)

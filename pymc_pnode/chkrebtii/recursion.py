@@ -30,7 +30,7 @@ import numpy as np
 from pymc_pnode._jit import JIT
 from pymc_pnode.chkrebtii.callbacks import call_fn
 
-__all__ = ["LAG_CONSTANT", "LAG_FUNCTION", "LAG_NONE", "backward", "forward", "readonly"]
+__all__ = ["LAG_CONSTANT", "LAG_FUNCTION", "LAG_NONE", "backward", "forward"]
 
 LAG_NONE = 0
 LAG_CONSTANT = 1  # history phi(t) = y0 for t <= t0
@@ -52,15 +52,6 @@ _ARGS = (
     # lag mode, delay index in theta (-1: fixed delay), fixed delay, forcing (N, n_forcing)
     nb.int64, nb.int64, nb.float64, _F2,
 )
-
-
-def readonly(x, dtype=np.float64) -> np.ndarray:
-    """A read-only C-contiguous view (or copy) of ``x`` with ``dtype``, as the kernels expect."""
-    arr = np.ascontiguousarray(x, dtype=dtype)
-    if arr.flags.writeable:
-        arr = arr.view()
-        arr.flags.writeable = False
-    return arr
 
 
 @nb.njit(**JIT)

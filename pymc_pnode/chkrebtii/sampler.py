@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pymc_pnode._jit import readonly
 from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.problem import discretisation, field_spec, positive_parameter
-from pymc_pnode.chkrebtii.recursion import forward, readonly
+from pymc_pnode.chkrebtii.recursion import forward
 from pymc_pnode.chkrebtii.structure import covariance_structure
 from pymc_pnode.ode import ODE
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
 from pymc_pnode._jit import JIT
-from pymc_pnode.classical.rk import rk_adjoint_work, rk_step_adjoint
+from pymc_pnode.classical.rk import RKField, Tableau, rk_adjoint_work, rk_step_adjoint
 from pymc_pnode.filtering.linalg import all_finite
 from pymc_pnode.filtering.stepping import (
     STATUS_NONFINITE,
@@ -151,7 +151,7 @@ def dopri_backward(rhs, jac_y, jac_p, p, ts, traj, times, g_obs):
     gradients.
     """
     a, b, c, _ = DOPRI5
-    a, b, c = a[:6, :6], b[:6], c[:6]  # the FSAL stage has weight zero in the propagated solution
+    tableau = Tableau(a[:6, :6], b[:6], c[:6])  # the FSAL stage has weight zero in the propagated solution
     d = traj.shape[1]
     n_theta = p.shape[0]
     lam = np.zeros(d)
@@ -159,6 +159,7 @@ def dopri_backward(rhs, jac_y, jac_p, p, ts, traj, times, g_obs):
     if not all_finite(g_obs):
         return lam, gp
     work = rk_adjoint_work(6, d, n_theta)
+    field = RKField(rhs, jac_y, jac_p, p)
     x = np.empty(d)
     k = times.shape[0] - 1
     last = ts.shape[0] - 1
@@ -169,7 +170,7 @@ def dopri_backward(rhs, jac_y, jac_p, p, ts, traj, times, g_obs):
             lam += g_obs[k]
             k -= 1
         x[:] = traj[n - 1]
-        rk_step_adjoint(rhs, jac_y, jac_p, x, ts[n - 1], ts[n] - ts[n - 1], p, a, b, c, lam, gp, work)
+        rk_step_adjoint(field, x, ts[n - 1], ts[n] - ts[n - 1], tableau, lam, gp, work)
     while k >= 0:  # output times at t0
         lam += g_obs[k]
         k -= 1

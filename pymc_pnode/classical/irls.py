@@ -28,7 +28,7 @@ from threadpoolctl import threadpool_limits
 
 from pymc_pnode.classical.isotonic import isotonic_weights, weight_objective
 from pymc_pnode.classical.rk import FixedStepSolver
-from pymc_pnode.validation import validate_obs_matrix
+from pymc_pnode.validation import validate_noise, validate_obs_matrix
 
 __all__ = ["STATIONARITY_TOL", "IRLSHistory", "IRLSResult", "WeightedLSProblem", "irls_fit"]
 
@@ -43,17 +43,6 @@ def single_threaded_blas():
     loaded 2-core machine).
     """
     return threadpool_limits(limits=1, user_api="blas")
-
-
-def _positive_vector(x, size: int, name: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float64).reshape(-1)
-    if arr.size == 1:
-        arr = np.full(size, float(arr[0]))
-    if arr.shape != (size,):
-        raise ValueError(f"{name} must be a scalar or have {size} entries, got shape {np.shape(x)}")
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 0.0):
-        raise ValueError(f"{name} must be positive and finite, got {arr}")
-    return arr
 
 
 def _obs_matrix(obs_matrix, n_states: int) -> np.ndarray:
@@ -551,7 +540,7 @@ def irls_fit(
     solver = FixedStepSolver(ode, times, method=method, step=step, alignment=alignment)
     h = _obs_matrix(obs_matrix, ode.n_states)
     y = _data_matrix(data, solver.times.size, h.shape[0])
-    gamma2 = _positive_vector(noise_var, h.shape[0], "noise_var")
+    gamma2 = validate_noise(noise_var, h.shape[0], "noise_var")
     y0_arr = ode.validate_y0(y0)
     theta_arr = ode.validate_theta(theta0, "theta0")
     free = np.ones(ode.n_states + ode.n_theta, dtype=bool)

@@ -39,9 +39,9 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
-from pymc_pnode._jit import JIT
+from pymc_pnode._jit import JIT, readonly
 from pymc_pnode.filtering.linalg import all_finite
-from pymc_pnode.validation import validate_times
+from pymc_pnode.validation import as_positive_float, validate_times
 
 __all__ = [
     "METHODS",
@@ -54,6 +54,14 @@ __all__ = [
 
 _SCHEME_RK = 0
 _SCHEME_SV = 1
+
+# The vector field with its derivatives, as the adjoint steps need it (a named tuple with an array: numba
+# cannot build a plain tuple of first-class functions of different signatures).
+RKField = namedtuple("RKField", "rhs jac_y jac_p theta")
+# An explicit Runge–Kutta method's Butcher tableau.
+Tableau = namedtuple("Tableau", "a b c")
+# The fixed-step grid from ``t0`` through the output ``times``: ``nsub[k]`` steps of ``hsub[k]`` before ``times[k]``.
+StepGrid = namedtuple("StepGrid", "t0 times nsub hsub")
 
 
 def _tableau(a, b, c):
@@ -94,8 +102,10 @@ METHODS: dict[str, int] = {
 # call below goes through the dedicated buffers ``xb`` (argument) and ``fb`` (result). The helpers
 # are inlined: a real call passing a dozen arrays pays reference counting on each of them.
 @nb.njit(inline="always", **JIT)
-def _rk_stages(rhs, x, t, h, p, a, c, xs, ks, xb, fb):
-    """Stage points ``xs[i]`` and slopes ``ks[i] = f(xs[i], t + c_i h)`` of one explicit RK step."""
+def _rk_stages(rhs, p, x, t, h, tableau, work):
+    """Stage points ``work.xs[i]`` and slopes ``work.ks[i] = f(xs[i], t + c_i h)`` of one explicit RK step."""
+    a, c = tableau.a, tableau.c
+    xs, ks, xb, fb = work.xs, work.ks, work.xb, work.fb
     s = c.shape[0]
     d = x.shape[0]
     for i in range(s):
@@ -112,8 +122,9 @@ def _rk_stages(rhs, x, t, h, p, a, c, xs, ks, xb, fb):
 
 
 @nb.njit(inline="always", **JIT)
-def _sv_stages(rhs, x, t, h, p, ys, fs, xb, fb):
-    """The three evaluation points ``ys`` and fields ``fs`` of one drift–kick–drift step."""
+def _sv_stages(rhs, p, x, t, h, work):
+    """The three evaluation points ``ys = work.xs`` and fields ``fs = work.ks`` of one drift–kick–drift step."""
+    ys, fs, xb, fb = work.xs, work.ks, work.xb, work.fb
     d = x.shape[0]
     m = d // 2
     for i in range(d):
@@ -141,8 +152,9 @@ def _sv_stages(rhs, x, t, h, p, ys, fs, xb, fb):
 
 
 @nb.njit(inline="always", **JIT)
-def _stage_vjp(jac_y, jac_p, ys, st, t, p, fbar, ybar, gp, jy, jp, xb):
-    """``ybar[st] = (df/dy)^T fbar`` and ``gp += (df/dp)^T fbar`` at the point ``ys[st]``."""
+def _stage_vjp(jac_y, jac_p, p, st, t, fbar, gp, work):
+    """``work.xbar[st] = (df/dy)^T fbar`` and ``gp += (df/dp)^T fbar`` at the stage point ``work.xs[st]``."""
+    ys, ybar, jy, jp, xb = work.xs, work.xbar, work.jy, work.jp, work.xb
     d = ys.shape[1]
     for i in range(d):
         xb[i] = ys[st, i]
@@ -175,18 +187,20 @@ def rk_adjoint_work(s: int, d: int, n_theta: int) -> RKAdjointWork:
 
 
 @nb.njit(inline="always", **JIT)
-def rk_step_adjoint(rhs, jac_y, jac_p, x, t, h, p, a, b, c, lam, gp, work):
-    """Reverse one explicit RK step from ``x`` at ``t``.
+def rk_step_adjoint(field, x, t, h, tableau, lam, gp, work):
+    """Reverse one explicit RK step from ``x`` at ``t`` of the :data:`RKField` ``field``.
 
     ``lam <- (dx_{n+1}/dx_n)^T lam`` and ``gp += (dx_{n+1}/dp)^T lam``.
 
-    The stages are recomputed from ``x`` (tableau ``a``, ``b``, ``c``); ``work`` is an
+    The stages are recomputed from ``x`` (:data:`Tableau` ``tableau``); ``work`` is an
     :data:`RKAdjointWork`.
     """
+    rhs, jac_y, jac_p, p = field
+    a, b, c = tableau
     s = c.shape[0]
     d = x.shape[0]
-    xs, ks, xbar, kbar = work.xs, work.ks, work.xbar, work.kbar
-    _rk_stages(rhs, x, t, h, p, a, c, xs, ks, work.xb, work.fb)
+    xbar, kbar = work.xbar, work.kbar
+    _rk_stages(rhs, p, x, t, h, tableau, work)
     # Reverse sweep over the stages: k_i feeds the update (weight b_i) and the later stage points
     # (weights a_mi).
     for st in range(s - 1, -1, -1):
@@ -196,7 +210,7 @@ def rk_step_adjoint(rhs, jac_y, jac_p, x, t, h, p, a, b, c, lam, gp, work):
                 if a[mm, st] != 0.0:
                     acc += h * a[mm, st] * xbar[mm, j]
             kbar[j] = acc
-        _stage_vjp(jac_y, jac_p, xs, st, t + c[st] * h, p, kbar, xbar, gp, work.jy, work.jp, work.xb)
+        _stage_vjp(jac_y, jac_p, p, st, t + c[st] * h, kbar, gp, work)
     for st in range(s):
         for j in range(d):
             lam[j] += xbar[st, j]
@@ -209,17 +223,21 @@ _R1 = nb.types.Array(nb.float64, 1, "C", readonly=True)
 _R2 = nb.types.Array(nb.float64, 2, "C", readonly=True)
 _RI1 = nb.types.Array(nb.int64, 1, "C", readonly=True)
 
-_FORWARD_SIG = (VEC_FN, _W1, _R1, nb.float64, _R1, _RI1, _R1, nb.int64, _R2, _R1, _R1)
+_GRID_T = nb.types.NamedTuple([nb.float64, _R1, _RI1, _R1], StepGrid)
+_TABLEAU_T = nb.types.NamedTuple([_R2, _R1, _R1], Tableau)
+_FORWARD_SIG = (VEC_FN, _W1, _R1, _GRID_T, nb.int64, _TABLEAU_T)
 
 
 @nb.njit(_FORWARD_SIG, **JIT)
-def rk_forward(rhs, p, y0, t0, times, nsub, hsub, scheme, a, b, c):
-    """March from ``t0`` through ``times`` with ``nsub[k]`` steps of size ``hsub[k]`` per gap.
+def rk_forward(rhs, p, y0, grid, scheme, tableau):
+    """March from ``grid.t0`` through ``grid.times`` with ``nsub[k]`` steps of size ``hsub[k]`` per gap.
 
     Returns ``(ys, traj, ok)``: states at ``times`` (``(K, d)``), at every step (``(N + 1, d)``)
     and whether every state stayed finite. After a non-finite state the march stops and the
     remaining rows are NaN.
     """
+    t0, times, nsub, hsub = grid
+    b, c = tableau.b, tableau.c
     d = y0.shape[0]
     n_obs = times.shape[0]
     n_total = 0
@@ -232,10 +250,8 @@ def rk_forward(rhs, p, y0, t0, times, nsub, hsub, scheme, a, b, c):
         x[i] = y0[i]
         traj[0, i] = y0[i]
     s = c.shape[0] if scheme == _SCHEME_RK else 3
-    xs = np.empty((s, d))
-    ks = np.empty((s, d))
-    xb = np.empty(d)
-    fb = np.empty(d)
+    work = rk_adjoint_work(s, d, 0)
+    xs, ks = work.xs, work.ks
     m = d // 2
     n = 0
     t_start = t0
@@ -244,14 +260,14 @@ def rk_forward(rhs, p, y0, t0, times, nsub, hsub, scheme, a, b, c):
         for i in range(nsub[k]):
             t = t_start + i * h
             if scheme == _SCHEME_RK:
-                _rk_stages(rhs, x, t, h, p, a, c, xs, ks, xb, fb)
+                _rk_stages(rhs, p, x, t, h, tableau, work)
                 for j in range(d):
                     acc = x[j]
                     for st in range(s):
                         acc += h * b[st] * ks[st, j]
                     x[j] = acc
             else:
-                _sv_stages(rhs, x, t, h, p, xs, ks, xb, fb)
+                _sv_stages(rhs, p, x, t, h, work)
                 for j in range(m):
                     x[j] = xs[2, j] + 0.5 * h * ks[2, j]
                     x[m + j] = xs[2, m + j]
@@ -268,19 +284,18 @@ def rk_forward(rhs, p, y0, t0, times, nsub, hsub, scheme, a, b, c):
     return ys, traj, True
 
 
-_BACKWARD_SIG = (
-    VEC_FN, MAT_FN, MAT_FN, _W1, _R2, nb.float64, _R1, _RI1, _R1, nb.int64, _R2, _R1, _R1, _R2,
-)
+_BACKWARD_SIG = (VEC_FN, MAT_FN, MAT_FN, _W1, _R2, _GRID_T, nb.int64, _TABLEAU_T, _R2)
 
 
 @nb.njit(_BACKWARD_SIG, **JIT)
-def rk_backward(rhs, jac_y, jac_p, p, traj, t0, times, nsub, hsub, scheme, a, b, c, g_obs):
+def rk_backward(rhs, jac_y, jac_p, p, traj, grid, scheme, tableau, g_obs):
     """Discrete adjoint: ``(dL/dy0, dL/dp)`` given ``g_obs = dL/dys`` (``(K, d)``).
 
     ``traj`` is the stored trajectory of :func:`rk_forward`; stage values are recomputed from it.
     A non-finite trajectory or cotangent gives zero gradients (the caller's value is then non-finite
     and the gradient is not used).
     """
+    t0, times, nsub, hsub = grid
     d = traj.shape[1]
     nth = p.shape[0]
     n_obs = times.shape[0]
@@ -288,9 +303,10 @@ def rk_backward(rhs, jac_y, jac_p, p, traj, t0, times, nsub, hsub, scheme, a, b,
     gp = np.zeros(nth)
     if not (all_finite(traj) and all_finite(g_obs)):
         return lam, gp
-    s = c.shape[0] if scheme == _SCHEME_RK else 3
+    s = tableau.c.shape[0] if scheme == _SCHEME_RK else 3
     work = rk_adjoint_work(s, d, nth)
-    xs, ks, xbar, kbar, jy, jp, xb, fb = work
+    xbar, kbar = work.xbar, work.kbar
+    field = RKField(rhs, jac_y, jac_p, p)
     x = np.empty(d)
     m = d // 2
     n = traj.shape[0] - 1
@@ -305,25 +321,25 @@ def rk_backward(rhs, jac_y, jac_p, p, traj, t0, times, nsub, hsub, scheme, a, b,
             for j in range(d):
                 x[j] = traj[n, j]
             if scheme == _SCHEME_RK:
-                rk_step_adjoint(rhs, jac_y, jac_p, x, t, h, p, a, b, c, lam, gp, work)
+                rk_step_adjoint(field, x, t, h, tableau, lam, gp, work)
             else:
-                _sv_stages(rhs, x, t, h, p, xs, ks, xb, fb)
+                _sv_stages(rhs, p, x, t, h, work)
                 # Drift 2: q_{n+1} = q_half + h/2 g(v_{n+1}), evaluated at ys[2].
                 for j in range(d):
                     kbar[j] = 0.5 * h * lam[j] if j < m else 0.0
-                _stage_vjp(jac_y, jac_p, xs, 2, t + h, p, kbar, xbar, gp, jy, jp, xb)
+                _stage_vjp(jac_y, jac_p, p, 2, t + h, kbar, gp, work)
                 for j in range(d):
                     lam[j] += xbar[2, j]  # lam = (q_half bar, v_{n+1} bar)
                 # Kick: v_{n+1} = v_n + h a(q_half), evaluated at ys[1].
                 for j in range(d):
                     kbar[j] = h * lam[j] if j >= m else 0.0
-                _stage_vjp(jac_y, jac_p, xs, 1, t + 0.5 * h, p, kbar, xbar, gp, jy, jp, xb)
+                _stage_vjp(jac_y, jac_p, p, 1, t + 0.5 * h, kbar, gp, work)
                 for j in range(d):
                     lam[j] += xbar[1, j]  # lam = (q_half bar, v_n bar)
                 # Drift 1: q_half = q_n + h/2 g(v_n), evaluated at ys[0].
                 for j in range(d):
                     kbar[j] = 0.5 * h * lam[j] if j < m else 0.0
-                _stage_vjp(jac_y, jac_p, xs, 0, t, p, kbar, xbar, gp, jy, jp, xb)
+                _stage_vjp(jac_y, jac_p, p, 0, t, kbar, gp, work)
                 for j in range(d):
                     lam[j] += xbar[0, j]
         if k > 0:
@@ -433,12 +449,7 @@ class FixedStepSolver:
             raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
         if alignment not in ("exact", "shrink"):
             raise ValueError(f"alignment must be 'exact' or 'shrink', got {alignment!r}")
-        try:
-            step = float(step)
-        except (TypeError, ValueError):
-            raise ValueError(f"step must be a positive number, got {step!r}") from None
-        if not (math.isfinite(step) and step > 0.0):
-            raise ValueError(f"step must be a positive finite number, got {step!r}")
+        step = as_positive_float(step, "step")
         if method == "stormer_verlet":
             _check_separable(ode)
         self.ode = ode
@@ -456,6 +467,9 @@ class FixedStepSolver:
         else:
             self.scheme = _SCHEME_RK
             self.a, self.b, self.c = _RK_TABLEAUX[method][:3]
+        # read-only, as the kernels' signatures type them
+        self.grid = StepGrid(self.t0, readonly(self.times), readonly(self.nsub, np.int64), readonly(self.hsub))
+        self.tableau = Tableau(readonly(self.a), readonly(self.b), readonly(self.c))
         self._key = (
             method, alignment, step, self.times.tobytes(), self.nsub.tobytes(), self.hsub.tobytes(),
         )
@@ -483,17 +497,12 @@ class FixedStepSolver:
 
     def forward(self, y0: np.ndarray, theta: np.ndarray):
         """Raw forward pass on validated float64 arrays: ``(ys, traj, ok)`` (see :func:`rk_forward`)."""
-        return rk_forward(
-            self.ode.rhs, theta, y0, self.t0, self.times, self.nsub, self.hsub, self.scheme,
-            self.a, self.b, self.c,
-        )
+        return rk_forward(self.ode.rhs, theta, y0, self.grid, self.scheme, self.tableau)
 
     def backward(self, theta: np.ndarray, traj: np.ndarray, g_obs: np.ndarray):
         """Raw adjoint pass: ``(dL/dy0, dL/dtheta)`` for the cotangent ``g_obs = dL/dys``."""
-        return rk_backward(
-            self.ode.rhs, self.ode.jac_y, self.ode.jac_p, theta, traj, self.t0, self.times,
-            self.nsub, self.hsub, self.scheme, self.a, self.b, self.c, g_obs,
-        )
+        return rk_backward(self.ode.rhs, self.ode.jac_y, self.ode.jac_p, theta, traj, self.grid, self.scheme,
+                           self.tableau, g_obs)
 
     def solve(self, y0, theta=None) -> np.ndarray:
         """States at ``times``, shape ``(K, n_states)`` (NaN rows after a divergence).
@@ -679,15 +688,14 @@ def _register_numba() -> None:
     @numba_funcify.register(RKSolveOp)
     def _funcify_forward(op, node=None, **kwargs):
         s = op.solver
-        rhs, t0, times, nsub, hsub = s.ode.rhs, s.t0, s.times, s.nsub, s.hsub
-        scheme, a, b, c = s.scheme, s.a, s.b, s.c
+        rhs, scheme = s.ode.rhs, s.scheme
+        t0, times, nsub, hsub = s.grid
+        a, b, c = s.tableau
 
         @numba_njit
         def rk_solve_op(y0, theta):
-            ys, traj, _ = rk_forward(
-                rhs, np.ascontiguousarray(theta).copy(), np.ascontiguousarray(y0), t0, times, nsub,
-                hsub, scheme, a, b, c,
-            )
+            ys, traj, _ = rk_forward(rhs, np.ascontiguousarray(theta).copy(), np.ascontiguousarray(y0),
+                                     StepGrid(t0, times, nsub, hsub), scheme, Tableau(a, b, c))
             return ys, traj
 
         return rk_solve_op
@@ -696,15 +704,14 @@ def _register_numba() -> None:
     def _funcify_adjoint(op, node=None, **kwargs):
         s = op.solver
         rhs, jac_y, jac_p = s.ode.rhs, s.ode.jac_y, s.ode.jac_p
-        t0, times, nsub, hsub = s.t0, s.times, s.nsub, s.hsub
-        scheme, a, b, c = s.scheme, s.a, s.b, s.c
+        scheme = s.scheme
+        t0, times, nsub, hsub = s.grid
+        a, b, c = s.tableau
 
         @numba_njit
         def rk_adjoint_op(theta, traj, g_ys):
-            return rk_backward(
-                rhs, jac_y, jac_p, np.ascontiguousarray(theta).copy(), np.ascontiguousarray(traj), t0,
-                times, nsub, hsub, scheme, a, b, c, np.ascontiguousarray(g_ys),
-            )
+            return rk_backward(rhs, jac_y, jac_p, np.ascontiguousarray(theta).copy(), np.ascontiguousarray(traj),
+                               StepGrid(t0, times, nsub, hsub), scheme, Tableau(a, b, c), np.ascontiguousarray(g_ys))
 
         return rk_adjoint_op
 

@@ -16,8 +16,6 @@ import numpy as np
 
 from pymc_pnode._jit import INLINE_JIT
 from pymc_pnode.filtering.linalg import cholesky_inplace
-from pymc_pnode.filtering.prior import StepTransition
-from pymc_pnode.filtering.stepping import Stepping
 
 # Smallest calibrated diffusion: a field the prior solves exactly (ẑ = 0) would otherwise give κ̂ = 0
 # and singular predicted covariances in the backward kernels.
@@ -48,16 +46,18 @@ def global_kappa(stat_sum: float, n_steps: int, d: int) -> float:
 
 
 @nb.njit(**INLINE_JIT)
-def local_defect_covariance(tr: StepTransition, jac: np.ndarray, bq: np.ndarray, c: np.ndarray) -> None:
+def local_defect_covariance(
+    step: np.ndarray, rq: np.ndarray, q: int, d: int, jac: np.ndarray, bq: np.ndarray, c: np.ndarray
+) -> None:
     """``c = H Q(h) H^T`` at unit diffusion, ``H = E1 - J E0`` (error-free previous step); ``bq`` = its root."""
-    q, d, rq, t = tr.q, tr.d, tr.rq, tr.tvec
     dd = (q + 1) * d
+    t0, t1 = step[1, 0], step[1, 1]
     for i in range(q + 1):
         for a in range(d):
             row = i * d + a
             for k in range(d):
-                v = rq[i, 1] * t[1] if a == k else 0.0
-                bq[row, k] = v - rq[i, 0] * t[0] * jac[k, a]
+                v = rq[i, 1] * t1 if a == k else 0.0
+                bq[row, k] = v - rq[i, 0] * t0 * jac[k, a]
     for k in range(d):
         for l in range(d):
             s = 0.0
@@ -86,8 +86,8 @@ def quadratic_form_inverse(c: np.ndarray, z: np.ndarray, d: int, work: np.ndarra
 
 @nb.njit(**INLINE_JIT)
 def local_error(
-    tr: StepTransition, h: float, jac: np.ndarray, zhat: np.ndarray, y_prev: np.ndarray, y_new: np.ndarray,
-    control: Stepping, work: LocalErrorWork,
+    step: np.ndarray, rq: np.ndarray, q: int, d: int, jac: np.ndarray, zhat: np.ndarray, y_prev: np.ndarray,
+    y_new: np.ndarray, scale: tuple[float, float, float], work: LocalErrorWork,
 ) -> tuple[float, float]:
     """Scaled local error estimate of one ODE-filter step and the local diffusion estimate.
 
@@ -95,27 +95,28 @@ def local_error(
     step (Schober et al., 2019; Bosch, Hennig & Tronarp, 2021, eq. 21). The error estimate is the
     standard deviation of the defect, ``e = h σ̂ diag(H Q(h) Hᵀ)^{1/2}`` (Bosch et al., 2021, eq. 27;
     the factor ``h`` as in ProbNumDiffEq.jl), measured in the mixed norm of Hairer, Nørsett & Wanner
-    (1993, §II.4): ``E = ‖e / (atol + rtol max(|y_prev|, |y_new|))‖_rms`` with the tolerances of
-    ``control``. A step with ``E ≤ 1`` meets the tolerances. Returns ``(E, σ̂²)``; both are ``inf``
-    when ``H Q Hᵀ`` is singular.
+    (1993, §II.4): ``E = ‖e / (atol + rtol max(|y_prev|, |y_new|))‖_rms`` with ``scale = (h, rtol, atol)``.
+    A step with ``E ≤ 1`` meets the tolerances. Returns ``(E, σ̂²)``; both are ``inf`` when ``H Q Hᵀ`` is
+    singular.
     """
-    d = tr.d
-    local_defect_covariance(tr, jac, work.hqh_root, work.hqh)
-    local_kappa = quadratic_form_inverse(work.hqh, zhat, d, work.chol, work.tmp) / d
+    h, rtol, atol = scale
+    hqh_root, hqh, chol, tmp = work
+    local_defect_covariance(step, rq, q, d, jac, hqh_root, hqh)
+    local_kappa = quadratic_form_inverse(hqh, zhat, d, chol, tmp) / d
     if not math.isfinite(local_kappa):
         return math.inf, math.inf
     acc = 0.0
     for k in range(d):
-        e = h * math.sqrt(max(local_kappa * work.hqh[k, k], 0.0))
-        sc = control.atol + control.rtol * max(abs(y_prev[k]), abs(y_new[k]))
+        e = h * math.sqrt(max(local_kappa * hqh[k, k], 0.0))
+        sc = atol + rtol * max(abs(y_prev[k]), abs(y_new[k]))
         acc += (e / sc) ** 2
     return math.sqrt(acc / d), local_kappa
 
 
 @nb.njit(**INLINE_JIT)
 def local_kappa_adjoint(
-    kbar: float, tr: StepTransition, lin: np.ndarray, zhat: np.ndarray, work: LocalErrorWork, zbar: np.ndarray,
-    jbar: np.ndarray,
+    kbar: float, step: np.ndarray, rq: np.ndarray, q: int, d: int, lin: np.ndarray, zhat: np.ndarray,
+    work: LocalErrorWork, zbar: np.ndarray, jbar: np.ndarray,
 ) -> None:
     """Adjoint of the local diffusion ``κ = ẑᵀ C⁻¹ ẑ / d``, ``C = H Q(h) Hᵀ``, ``H = E1 − L E0``.
 
@@ -123,12 +124,10 @@ def local_kappa_adjoint(
     ``L̄ = (2 κ̄ / d) β βᵀ (Hᵀ… )`` restricted to the ``E0`` columns. Writes ``zbar`` (d) and ``jbar``
     (d, d).
     """
-    q, d, rq = tr.q, tr.d, tr.rq
-    local_defect_covariance(tr, lin, work.hqh_root, work.hqh)
-    # Cholesky factor L of C in work.chol and L⁻¹ ẑ in work.tmp; then β = L⁻ᵀ (L⁻¹ ẑ) in place.
-    chol = work.chol
-    beta = work.tmp
-    if not math.isfinite(quadratic_form_inverse(work.hqh, zhat, d, chol, beta)):
+    hqh_root, hqh, chol, beta = work
+    local_defect_covariance(step, rq, q, d, lin, hqh_root, hqh)
+    # Cholesky factor L of C in chol and L⁻¹ ẑ in beta; then β = L⁻ᵀ (L⁻¹ ẑ) in place.
+    if not math.isfinite(quadratic_form_inverse(hqh, zhat, d, chol, beta)):
         zbar[:] = 0.0
         jbar[:, :] = 0.0
         return
@@ -146,7 +145,7 @@ def local_kappa_adjoint(
         for l in range(d):
             u = 0.0
             for i in range(q + 1):
-                u += work.hqh_root[i * d + a, l] * rq[i, 0]
-            s += beta[l] * u * tr.tvec[0]
+                u += hqh_root[i * d + a, l] * rq[i, 0]
+            s += beta[l] * u * step[1, 0]
         for k in range(d):
             jbar[k, a] = scale * beta[k] * s

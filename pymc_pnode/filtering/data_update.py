@@ -29,7 +29,7 @@ _LOG_2PI = math.log(2.0 * math.pi)
 # Rows ``data[i] = cmat @ y(t_i) + N(0, diag sigma²)``; row i observes components ``seen[i, :n_seen[i]]``;
 # component c's noise scale is noise parameter ``sigma_dir[c]``.
 ObservationModel = namedtuple("ObservationModel", ["data", "cmat", "sigma", "sigma_dir", "seen", "n_seen"])
-DataUpdateWork = namedtuple("DataUpdateWork", ["mm", "wv", "resid", "mean", "root"])
+DataUpdateWork = namedtuple("DataUpdateWork", ["mm", "wv", "resid"])
 
 
 @nb.njit(**INLINE_JIT)
@@ -49,8 +49,7 @@ def observation_model(data: np.ndarray, cmat: np.ndarray, sigma: np.ndarray, sig
 @nb.njit(**INLINE_JIT)
 def data_update_work(dd: int, m: int) -> DataUpdateWork:
     """Work arrays of :func:`data_update_sqrt` for states of length ``dd`` and ``m`` observed components."""
-    return DataUpdateWork(np.empty((m + dd + 1, dd + m)), np.empty(max(m, 1)), np.empty(m), np.empty(dd),
-                          np.empty((dd, dd)))
+    return DataUpdateWork(np.empty((m + dd + 1, dd + m)), np.empty(max(m, 1)), np.empty(m))
 
 
 @nb.njit(**INLINE_JIT)
@@ -61,18 +60,18 @@ def _half_logdet_upper(m, n):
     return s
 
 
-@nb.njit(**INLINE_JIT)
+@nb.njit(inline="always", **INLINE_JIT)
 def data_update_sqrt(
     model: ObservationModel, i: int, mean: np.ndarray, root: np.ndarray, work: DataUpdateWork
 ) -> float:
     """Condition ``N(mean, rootᵀ root)`` (in place) on data row ``i``; returns the log-density of the observation."""
+    data, cmat, sigma, _, seen, n_seen = model
+    mm, wv, resid = work
     dd = mean.shape[0]
-    d = model.cmat.shape[1]
-    idx = model.seen[i]
-    mo = model.n_seen[i]
-    yrow = model.data[i]
-    cmat, sigma = model.cmat, model.sigma
-    mm, wv, resid = work.mm, work.wv, work.resid
+    d = cmat.shape[1]
+    idx = seen[i]
+    mo = n_seen[i]
+    yrow = data[i]
     # mm holds the transposed stack [[root Cᵀ, root], [diag σ, 0]]: mm[j] is its column j
     mm[:, :] = 0.0
     for r in range(mo):
@@ -108,7 +107,7 @@ def data_update_sqrt(
     return -0.5 * quad - _half_logdet_upper(mm, mo) - 0.5 * mo * _LOG_2PI
 
 
-@nb.njit(**INLINE_JIT)
+@nb.njit(inline="always", **INLINE_JIT)
 def data_update_adjoint(
     model: ObservationModel, i: int, m_pre: np.ndarray, sig_pre: np.ndarray, weight: float, bar: Cotangent,
     obs: GaussianObservation, out: UpdateAdjointOut, work: UpdateAdjointWork, grad_sigma: np.ndarray,
@@ -118,22 +117,25 @@ def data_update_adjoint(
     ``bar`` goes from the adjoints after the update to those before it; the noise scales' adjoints are
     added to ``grad_sigma``. ``obs`` is scratch for the observation's rows. False if ``S`` is singular.
     """
-    d = model.cmat.shape[1]
+    data, cmat, sigma, sigma_dir, seen, n_seen = model
+    hm, noise_var, resid, _ = obs
+    sdiag = out.sdiag
+    d = cmat.shape[1]
     dd = m_pre.shape[0]
-    mo = model.n_seen[i]
+    mo = n_seen[i]
     for r in range(mo):
-        c_obs = model.seen[i, r]
+        c_obs = seen[i, r]
         for b in range(dd):
-            obs.hm[r, b] = model.cmat[c_obs, b] if b < d else 0.0
-        obs.noise_var[r] = model.sigma[c_obs] * model.sigma[c_obs]
-        v = -model.data[i, c_obs]
+            hm[r, b] = cmat[c_obs, b] if b < d else 0.0
+        noise_var[r] = sigma[c_obs] * sigma[c_obs]
+        v = -data[i, c_obs]
         for c in range(d):
-            v += model.cmat[c_obs, c] * m_pre[c]
-        obs.resid[r] = v
-    if not update_adjoint(GaussianObservation(obs.hm, obs.noise_var, obs.resid, mo), sig_pre, sig_pre, m_pre,
+            v += cmat[c_obs, c] * m_pre[c]
+        resid[r] = v
+    if not update_adjoint(GaussianObservation(hm, noise_var, resid, mo), sig_pre, sig_pre, m_pre,
                           (weight, weight), bar, False, out, work):
         return False
     for r in range(mo):
-        c_obs = model.seen[i, r]
-        grad_sigma[model.sigma_dir[c_obs]] += 2.0 * model.sigma[c_obs] * out.sdiag[r]
+        c_obs = seen[i, r]
+        grad_sigma[sigma_dir[c_obs]] += 2.0 * sigma[c_obs] * sdiag[r]
     return True

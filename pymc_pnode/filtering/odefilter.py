@@ -20,7 +20,7 @@ from pymc_pnode._jit import INLINE_JIT, compile_on_first_use
 from pymc_pnode.filtering.calibration import floored_kappa, local_error, local_error_work
 from pymc_pnode.filtering.linalg import all_finite
 from pymc_pnode.filtering.predict import predict_root
-from pymc_pnode.filtering.prior import StepTransition, apply_transition, step_coefficients
+from pymc_pnode.filtering.prior import apply_transition, set_step
 from pymc_pnode.filtering.stepping import (
     STATUS_DIVERGED,
     STATUS_NONFINITE,
@@ -44,12 +44,12 @@ Diffusion = namedtuple("Diffusion", ["mode", "kappa"])
 
 # A forward pass on its grid (index n: the state at grid[n], or the step that ended there): ``stop[n]``
 # is the index of the stop that grid[n] lands on (-1 between stops); filtered and predicted means and
-# roots; the linearisation L and residual ẑ; the prior's coefficients a, T(h); the diffusion used and the
-# local diffusion estimate (floored). Predictions, linearisations and coefficients have one row unless
+# roots; the linearisation L and residual ẑ; the prior's step arrays (:mod:`.prior`); the diffusion used
+# and the local diffusion estimate (floored). Predictions, linearisations and coefficients have one row unless
 # the pass keeps them (the adjoints need them; ``pn.solve`` does not).
 ForwardRun = namedtuple(
     "ForwardRun",
-    ["grid", "stop", "mu", "r", "mu_pred", "r_pred", "lin", "zhat", "a", "tvec", "kappa", "local_kappa"],
+    ["grid", "stop", "mu", "r", "mu_pred", "r_pred", "lin", "zhat", "step", "kappa", "local_kappa"],
 )
 # Accepted and rejected steps, vector-field evaluations, status code (``stepping.STATUS_*``), the sum of
 # ẑᵀ S⁻¹ ẑ (global calibration) and the largest scaled local error of an accepted step (0 if not estimated).
@@ -60,36 +60,26 @@ StepWork = namedtuple("StepWork", ["m_pred", "m_upd", "w"])
 
 @nb.njit(**INLINE_JIT)
 def step_work(q: int, d: int) -> StepWork:
-    """Work arrays of :func:`predict_and_update` for IWP order ``q`` and ``d`` states."""
+    """Work arrays of one prediction (its stack) and update (its stack and a vector) for order ``q``, ``d`` states."""
     dd = (q + 1) * d
     return StepWork(np.empty((dd + 1, 2 * dd)), np.empty((d + dd + 1, dd)), np.empty(d))
 
 
 @nb.njit(**INLINE_JIT)
-def predict_and_update(
-    r_prev: np.ndarray, tr: StepTransition, mu_pred: np.ndarray, lin: np.ndarray, zhat: np.ndarray,
-    r_pred: np.ndarray, mu: np.ndarray, r: np.ndarray, work: StepWork,
-) -> float:
-    """The covariance prediction and the update of one step, after :func:`~.update.linearise`.
-
-    Writes the predicted root and the updated mean and root; returns ``ẑᵀ S⁻¹ ẑ``, or NaN when the
-    result is not finite.
-    """
-    predict_root(r_prev, tr, work.m_pred, r_pred)
-    stat = update_sqrt(r_pred, mu_pred, lin, zhat, tr.q, tr.d, work.m_upd, work.w, mu, r)
-    if not (math.isfinite(stat) and all_finite(mu) and all_finite(r)):
-        return math.nan
-    return stat
+def update_finite(stat: float, mu: np.ndarray, r: np.ndarray) -> bool:
+    """Whether an update (its statistic ``ẑᵀ S⁻¹ ẑ``, mean and root) stayed finite."""
+    return math.isfinite(stat) and all_finite(mu) and all_finite(r)
 
 
 @nb.njit(**INLINE_JIT)
-def _allocate_run(cap: int, q: int, d: int, keep: bool) -> ForwardRun:
+def allocate_run(cap: int, q: int, d: int, keep: bool) -> ForwardRun:
+    """An uninitialised :data:`ForwardRun` with room for ``cap`` grid points (one kept row unless ``keep``)."""
     dd = (q + 1) * d
     kept = cap if keep else 1
     return ForwardRun(
         np.empty(cap), np.empty(cap, dtype=np.int64), np.empty((cap, dd)), np.zeros((cap, dd, dd)),
         np.empty((kept, dd)), np.empty((kept, dd, dd)), np.zeros((kept, d, d)), np.empty((kept, d)),
-        np.empty((kept, q + 1)), np.empty((kept, q + 1)), np.empty(cap), np.empty(cap),
+        np.zeros((kept, 3, q + 1)), np.empty(cap), np.empty(cap),
     )
 
 
@@ -99,19 +89,18 @@ def _grow_run(run: ForwardRun, cap: int, keep: bool) -> ForwardRun:
     mu, r = grow_rows(run.mu, cap), grow_rows(run.r, cap)
     kappa, local_kappa = grow_rows(run.kappa, cap), grow_rows(run.local_kappa, cap)
     if not keep:
-        return ForwardRun(grid, stop, mu, r, run.mu_pred, run.r_pred, run.lin, run.zhat, run.a, run.tvec, kappa,
+        return ForwardRun(grid, stop, mu, r, run.mu_pred, run.r_pred, run.lin, run.zhat, run.step, kappa,
                           local_kappa)
     return ForwardRun(grid, stop, mu, r, grow_rows(run.mu_pred, cap), grow_rows(run.r_pred, cap),
-                      grow_rows(run.lin, cap), grow_rows(run.zhat, cap), grow_rows(run.a, cap),
-                      grow_rows(run.tvec, cap), kappa, local_kappa)
+                      grow_rows(run.lin, cap), grow_rows(run.zhat, cap), grow_rows(run.step, cap), kappa, local_kappa)
 
 
 @nb.njit(**INLINE_JIT)
 def _truncate_run(run: ForwardRun, n_pts: int, keep: bool) -> ForwardRun:
     kept = n_pts if keep else 1
     return ForwardRun(run.grid[:n_pts], run.stop[:n_pts], run.mu[:n_pts], run.r[:n_pts], run.mu_pred[:kept],
-                      run.r_pred[:kept], run.lin[:kept], run.zhat[:kept], run.a[:kept], run.tvec[:kept],
-                      run.kappa[:n_pts], run.local_kappa[:n_pts])
+                      run.r_pred[:kept], run.lin[:kept], run.zhat[:kept], run.step[:kept], run.kappa[:n_pts],
+                      run.local_kappa[:n_pts])
 
 
 @nb.njit(**INLINE_JIT)
@@ -136,16 +125,21 @@ def forward_pass(
     adaptive = control.adaptive
     local = diffusion.mode == DIFFUSION_LOCAL
     estimate = adaptive or local or control.report_error
+    rhs, theta = field.rhs, field.theta
     cap = n_stops if not adaptive else max(64, 2 * n_stops)
-    run = _allocate_run(cap, q, d, keep)
-    run.grid[0] = stops[0]
-    run.stop[0] = 0
-    run.mu[0] = mu0
-    run.kappa[0] = 0.0
-    run.local_kappa[0] = 0.0
-    lin_work = linearisation_work(d)
-    work = step_work(q, d)
+    run = allocate_run(cap, q, d, keep)
+    # The run's arrays as locals: numba counts a reference at every read of a tuple member, so the loop
+    # reads none.
+    grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa_used, local_kappas = run
+    grid[0] = stops[0]
+    stop[0] = 0
+    mu[0] = mu0
+    kappa_used[0] = 0.0
+    local_kappas[0] = 0.0
+    xi, f_post, jac = linearisation_work(d)
+    m_pred, m_upd, w = step_work(q, d)
     err_work = local_error_work(q, d)
+    tol = (control.rtol, control.atol)
     n = n_rej = 0
     n_f = 0
     stat_sum = 0.0
@@ -165,23 +159,24 @@ def forward_pass(
         if n + 1 >= cap:
             cap *= 2
             run = _grow_run(run, cap, keep)
+            grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa_used, local_kappas = run
         p = n + 1  # the slot of the step's results
         s = p if keep else 0  # its slot among the kept arrays
-        a, tvec = run.a[s], run.tvec[s]
-        if keep and n > 0 and h_try == run.grid[n] - run.grid[n - 1]:  # equal steps: skip the powers
-            a[:] = run.a[n]
-            tvec[:] = run.tvec[n]
+        # one view per row and step (every view is a counted reference)
+        step, mu_prev, r_prev, mu_p, r_p = steps[s], mu[n], r[n], mu[p], r[p]
+        mu_pred_p, r_pred_p, lin_p, zhat_p = mu_pred[s], r_pred[s], lin[s], zhat[s]
+        if keep and n > 0 and h_try == grid[n] - grid[n - 1]:  # equal steps: skip the powers
+            step[:2] = steps[n, :2]
         elif keep or h_try != h_coeffs:
-            step_coefficients(h_try, q, a, tvec)
+            set_step(h_try, 1.0, q, step)
             h_coeffs = h_try
-        apply_transition(a, q, d, run.mu[n], run.mu_pred[s])
-        linearise(field, t_new, run.mu_pred[s], d, lin_work, run.lin[s], run.zhat[s])
+        apply_transition(step, q, d, mu_prev, mu_pred_p)
+        linearise(field, t_new, mu_pred_p, d, xi, f_post, jac, lin_p, zhat_p)
         n_f += 1
         err = 0.0
         local_kappa = 1.0
         if estimate:
-            tr1 = StepTransition(a, tvec, 1.0, rq, q, d)
-            err, local_kappa = local_error(tr1, h_try, run.lin[s], run.zhat[s], run.mu[n], run.mu_pred[s], control,
+            err, local_kappa = local_error(step, rq, q, d, lin_p, zhat_p, mu_prev, mu_pred_p, (h_try, tol[0], tol[1]),
                                            err_work)
         if adaptive:
             accepted, h, err_prev = control_step(err, h_try, h, err_prev, hit_stop, q)
@@ -190,57 +185,61 @@ def forward_pass(
                 continue
         local_kappa = floored_kappa(local_kappa)
         kappa = local_kappa if local else diffusion.kappa
-        tr = StepTransition(a, tvec, math.sqrt(kappa), rq, q, d)
-        stat = predict_and_update(run.r[n], tr, run.mu_pred[s], run.lin[s], run.zhat[s], run.r_pred[s], run.mu[p],
-                                  run.r[p], work)
-        if math.isnan(stat):
+        step[2, 0] = math.sqrt(kappa)
+        predict_root(r_prev, step, rq, q, d, m_pred, r_pred_p)
+        stat = update_sqrt(r_pred_p, mu_pred_p, lin_p, zhat_p, q, d, m_upd, w, mu_p, r_p)
+        if not update_finite(stat, mu_p, r_p):
             status = STATUS_NONFINITE
             break
         if not adaptive:
             # No controller guards fixed steps: stop at the first step that no longer approximates the
             # solution (one more evaluation of f, at the updated solution).
-            xi, f_post = lin_work.xi, lin_work.fx
             for k in range(d):
-                xi[k] = run.mu[p, k]
-            field.rhs(xi, t_new, field.theta, f_post)
+                xi[k] = mu_p[k]
+            rhs(xi, t_new, theta, f_post)
             n_f += 1
-            if fixed_step_failed(h_try, run.mu[n], run.mu_pred[s], run.mu[p], f_post, d):
+            if fixed_step_failed(h_try, mu_prev, mu_pred_p, mu_p, f_post, d):
                 status = STATUS_DIVERGED
                 break
         stat_sum += stat
         max_err = max(max_err, err)
         n = p
         t = t_new
-        run.grid[n] = t_new
-        run.kappa[n] = kappa
-        run.local_kappa[n] = local_kappa
-        run.stop[n] = -1
+        grid[n] = t_new
+        kappa_used[n] = kappa
+        local_kappas[n] = local_kappa
+        stop[n] = -1
         if hit_stop:
-            run.stop[n] = next_stop
+            stop[n] = next_stop
             next_stop += 1
     return _truncate_run(run, n + 1, keep), ForwardStats(n, n_rej, n_f, status, stat_sum, max_err)
 
 
-@nb.njit(**INLINE_JIT)
+@nb.njit(inline="always", **INLINE_JIT)
 def refilter(field: VectorField, run: ForwardRun, rq: np.ndarray, q: int, d: int, kappas: np.ndarray) -> tuple[
         ForwardRun, bool]:
     """The filter again over the grid of a kept ``run``, with diffusion ``kappas[n]`` on the step ending at grid[n].
 
     Returns the new run (same grid and coefficients) and whether it stayed finite.
     """
-    n_pts = run.grid.shape[0]
-    new = ForwardRun(run.grid, run.stop, np.empty_like(run.mu), np.zeros_like(run.r), np.empty_like(run.mu_pred),
-                     np.empty_like(run.r_pred), np.zeros_like(run.lin), np.empty_like(run.zhat), run.a, run.tvec,
-                     kappas, run.local_kappa)
-    new.mu[0] = run.mu[0]
-    lin_work = linearisation_work(d)
-    work = step_work(q, d)
+    grid = run.grid
+    n_pts = grid.shape[0]
+    steps = run.step.copy()
+    new = ForwardRun(grid, run.stop, np.empty_like(run.mu), np.zeros_like(run.r), np.empty_like(run.mu_pred),
+                     np.empty_like(run.r_pred), np.zeros_like(run.lin), np.empty_like(run.zhat), steps, kappas,
+                     run.local_kappa)
+    _, _, mu, r, mu_pred, r_pred, lin, zhat, _, _, _ = new
+    mu[0] = run.mu[0]
+    xi, fx, jac = linearisation_work(d)
+    m_pred, m_upd, w = step_work(q, d)
     for p in range(1, n_pts):
-        apply_transition(run.a[p], q, d, new.mu[p - 1], new.mu_pred[p])
-        linearise(field, run.grid[p], new.mu_pred[p], d, lin_work, new.lin[p], new.zhat[p])
-        tr = StepTransition(run.a[p], run.tvec[p], math.sqrt(kappas[p]), rq, q, d)
-        if math.isnan(predict_and_update(new.r[p - 1], tr, new.mu_pred[p], new.lin[p], new.zhat[p], new.r_pred[p],
-                                         new.mu[p], new.r[p], work)):
+        step = steps[p]
+        step[2, 0] = math.sqrt(kappas[p])
+        apply_transition(step, q, d, mu[p - 1], mu_pred[p])
+        linearise(field, grid[p], mu_pred[p], d, xi, fx, jac, lin[p], zhat[p])
+        predict_root(r[p - 1], step, rq, q, d, m_pred, r_pred[p])
+        stat = update_sqrt(r_pred[p], mu_pred[p], lin[p], zhat[p], q, d, m_upd, w, mu[p], r[p])
+        if not update_finite(stat, mu[p], r[p]):
             return new, False
     return new, True
 
@@ -250,12 +249,14 @@ def rescale_roots(run: ForwardRun, kappa: float) -> None:
     """Global calibration: covariances of a filter with ``Σ₀ = 0`` scale with ``κ`` and its means do not, so a
     unit-diffusion run becomes the run at ``κ`` by scaling every root by ``√κ`` (in place)."""
     sqrt_kappa = math.sqrt(kappa)
-    n_pts = run.grid.shape[0]
+    r, r_pred, steps, kappas = run.r, run.r_pred, run.step, run.kappa
+    n_pts = r.shape[0]
     for n in range(1, n_pts):
-        run.kappa[n] = kappa
-        run.r[n] *= sqrt_kappa
-        if run.r_pred.shape[0] == n_pts:
-            run.r_pred[n] *= sqrt_kappa
+        kappas[n] = kappa
+        r[n] *= sqrt_kappa
+        if r_pred.shape[0] == n_pts:
+            r_pred[n] *= sqrt_kappa
+            steps[n, 2, 0] = sqrt_kappa
 
 
 _DIFFUSION_T = nb.types.NamedTuple([nb.int64, nb.float64], Diffusion)

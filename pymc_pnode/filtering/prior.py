@@ -4,23 +4,23 @@ The prior ``x = [y, y', ..., y^(q)]`` (derivative-major, blocks of ``d``) has th
 ``A(h) = Ǎ(h) ⊗ I_d`` with ``Ǎ_ij = h^(j-i) / (j-i)!`` and the process noise
 ``κ Q(h) = κ (T(h) Q̄ T(h)) ⊗ I_d`` in the preconditioned form of Krämer & Hennig (2024):
 ``T(h)_i = sqrt(h) h^(q-i) / (q-i)!`` and ``Q̄ = R̄ᵀ R̄`` constant (``rq`` = ``R̄``, the exact root of
-:class:`pymc_pnode.priors.IWP`). One step's transition travels as a :data:`StepTransition`; the
+:class:`pymc_pnode.priors.IWP`); the
 kernels never form the Kronecker products.
+
+One step of the prior travels as one small array ``step`` of shape ``(3, q + 1)``: row 0 the coefficients
+``a_k = h^k / k!`` of ``Ǎ(h)``, row 1 the preconditioner ``T(h)``, and ``step[2, 0] = √κ``. (An array, not
+a named tuple of arrays: numba counts a reference for every array read out of a tuple, which in the
+per-step kernels cost ≈ 20 % of the Fenrir likelihood, measured.)
 """
 
 from __future__ import annotations
 
 import math
-from collections import namedtuple
 
 import numba as nb
 import numpy as np
 
 from pymc_pnode._jit import INLINE_JIT
-
-# One step of the prior: the coefficients ``a[k] = h^k / k!`` of A(h), the preconditioner ``tvec`` = T(h),
-# the diffusion's square root, the root ``rq`` of Q̄, the IWP order q and the number of states d.
-StepTransition = namedtuple("StepTransition", ["a", "tvec", "sqrt_kappa", "rq", "q", "d"])
 
 
 @nb.njit(**INLINE_JIT)
@@ -42,36 +42,50 @@ def transition_coefficients(h: float, q: int, out: np.ndarray) -> None:
 
 
 @nb.njit(**INLINE_JIT)
-def step_coefficients(h: float, q: int, a: np.ndarray, tvec: np.ndarray) -> None:
-    """Both per-step coefficient vectors of the prior: ``a`` of A(h) and ``tvec`` of T(h)."""
-    transition_coefficients(h, q, a)
-    preconditioner(h, q, tvec)
+def set_step(h: float, kappa: float, q: int, step: np.ndarray) -> None:
+    """Write the step array of step ``h`` and diffusion ``kappa`` (see the module docstring)."""
+    sq = math.sqrt(h)
+    c = 1.0
+    for k in range(q + 1):  # the loops of transition_coefficients and preconditioner, without row views
+        step[0, k] = c
+        c *= h / (k + 1.0)
+        step[1, k] = sq * h ** (q - k) / math.gamma(q - k + 1.0)
+        step[2, k] = 0.0
+    step[2, 0] = math.sqrt(kappa)
 
 
 @nb.njit(**INLINE_JIT)
-def apply_transition(a: np.ndarray, q: int, d: int, mu: np.ndarray, out: np.ndarray) -> None:
-    """``out = A(h) mu`` with the coefficients ``a`` of :func:`transition_coefficients`."""
+def new_step(h: float, kappa: float, q: int) -> np.ndarray:
+    """A new step array of step ``h`` and diffusion ``kappa``."""
+    step = np.empty((3, q + 1))
+    set_step(h, kappa, q, step)
+    return step
+
+
+@nb.njit(**INLINE_JIT)
+def apply_transition(step: np.ndarray, q: int, d: int, mu: np.ndarray, out: np.ndarray) -> None:
+    """``out = A(h) mu``."""
     for i in range(q + 1):
         for k in range(d):
             s = 0.0
             for j in range(i, q + 1):
-                s += a[j - i] * mu[j * d + k]
+                s += step[0, j - i] * mu[j * d + k]
             out[i * d + k] = s
 
 
 @nb.njit(**INLINE_JIT)
-def apply_transition_t(a: np.ndarray, q: int, d: int, v: np.ndarray, out: np.ndarray) -> None:
+def apply_transition_t(step: np.ndarray, q: int, d: int, v: np.ndarray, out: np.ndarray) -> None:
     """``out = A(h)ᵀ v``: the adjoint of :func:`apply_transition`."""
     for i in range(q + 1):
         for k in range(d):
             s = 0.0
             for ip in range(i + 1):
-                s += a[i - ip] * v[ip * d + k]
+                s += step[0, i - ip] * v[ip * d + k]
             out[i * d + k] = s
 
 
 @nb.njit(**INLINE_JIT)
-def congruence_t(a: np.ndarray, q: int, d: int, x: np.ndarray, work: np.ndarray, out: np.ndarray) -> None:
+def congruence_t(step: np.ndarray, q: int, d: int, x: np.ndarray, work: np.ndarray, out: np.ndarray) -> None:
     """``out = A(h)ᵀ X A(h)``: the adjoint of ``Σ ↦ A Σ Aᵀ`` (``work`` is ``(D, D)``)."""
     dd = (q + 1) * d
     for i in range(q + 1):
@@ -79,19 +93,19 @@ def congruence_t(a: np.ndarray, q: int, d: int, x: np.ndarray, work: np.ndarray,
             for c in range(dd):
                 s = 0.0
                 for ip in range(i + 1):
-                    s += a[i - ip] * x[ip * d + k, c]
+                    s += step[0, i - ip] * x[ip * d + k, c]
                 work[i * d + k, c] = s
     for row in range(dd):
         for j in range(q + 1):
             for k in range(d):
                 s = 0.0
                 for jp in range(j + 1):
-                    s += work[row, jp * d + k] * a[j - jp]
+                    s += work[row, jp * d + k] * step[0, j - jp]
                 out[row, j * d + k] = s
 
 
 @nb.njit(**INLINE_JIT)
-def fill_root_transition_t(r: np.ndarray, a: np.ndarray, q: int, d: int, out: np.ndarray) -> None:
+def fill_root_transition_t(r: np.ndarray, step: np.ndarray, q: int, d: int, out: np.ndarray) -> None:
     """``out[:D, :D] = (r A^T)^T = A r^T``: the square root ``r A^T`` of ``A Σ A^T``, transposed."""
     dd = (q + 1) * d
     for i in range(q + 1):
@@ -100,12 +114,12 @@ def fill_root_transition_t(r: np.ndarray, a: np.ndarray, q: int, d: int, out: np
             for row in range(dd):
                 s = 0.0
                 for j in range(i, q + 1):
-                    s += a[j - i] * r[row, j * d + k]
+                    s += step[0, j - i] * r[row, j * d + k]
                 col[row] = s
 
 
 @nb.njit(**INLINE_JIT)
-def noise_inner(x: np.ndarray, rq: np.ndarray, tvec: np.ndarray, q: int, d: int) -> float:
+def noise_inner(x: np.ndarray, step: np.ndarray, rq: np.ndarray, q: int, d: int) -> float:
     """``⟨X, Q(h)⟩`` for the unit-diffusion noise: the adjoint of ``κ`` in ``κ Q(h)`` given ``X = Σ̄⁻``."""
     s = 0.0
     for i in range(q + 1):
@@ -113,7 +127,7 @@ def noise_inner(x: np.ndarray, rq: np.ndarray, tvec: np.ndarray, q: int, d: int)
             qij = 0.0
             for r in range(q + 1):
                 qij += rq[r, i] * rq[r, j]
-            qij *= tvec[i] * tvec[j]
+            qij *= step[1, i] * step[1, j]
             tr = 0.0
             for k in range(d):
                 tr += x[i * d + k, j * d + k]

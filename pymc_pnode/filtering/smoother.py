@@ -5,12 +5,12 @@ The filter posterior on the grid is represented backwards in time (Tronarp, Bosc
 ``G_n = Σ_{n-1} Aᵀ (Σ⁻_n)⁻¹`` from two triangular solves with the predicted root, and the kernel
 covariance in Joseph form ``Λ_n = (I − G A) Σ_{n-1} (I − G A)ᵀ + κ G Q Gᵀ`` (one QR of a stacked root,
 Bosch, 2024, PhD thesis). :func:`backward_step` pushes a distribution through a kernel in one QR (the
-Fenrir likelihood's backward Kalman filter); :func:`backward_step_adjoint` is its adjoint on covariances.
+Fenrir likelihood's backward Kalman filter); :func:`backward_step_adjoint` is its adjoint on covariances
+(with :func:`~.predict.predict_adjoint` for the part through the filter's prediction).
 """
 
 from __future__ import annotations
 
-import math
 from collections import namedtuple
 
 import numba as nb
@@ -24,13 +24,8 @@ from pymc_pnode.filtering.linalg import (
     solve_gram_inplace,
     tria_cols_inplace,
 )
-from pymc_pnode.filtering.predict import predict_adjoint, predict_root
-from pymc_pnode.filtering.prior import (
-    StepTransition,
-    apply_transition,
-    fill_root_transition_t,
-    step_coefficients,
-)
+from pymc_pnode.filtering.predict import predict_root
+from pymc_pnode.filtering.prior import apply_transition, fill_root_transition_t, new_step
 from pymc_pnode.filtering.update import Cotangent
 
 # x_{n-1} | x_n ~ N(g x_n + dvec, lamᵀ lam)
@@ -56,26 +51,29 @@ def backward_adjoint_work(dd: int) -> BackwardAdjointWork:
 
 
 @nb.njit(**INLINE_JIT)
-def backward_gain(r_prev: np.ndarray, r_pred: np.ndarray, tr: StepTransition, work: BackwardWork) -> None:
-    """``work.gt = Gᵀ = (Σ⁻)⁻¹ A Σ`` for ``Σ = r_prevᵀ r_prev``, ``Σ⁻ = r_predᵀ r_pred``; ``work.wt = (R Aᵀ)ᵀ``."""
-    dd = (tr.q + 1) * tr.d
-    fill_root_transition_t(r_prev, tr.a, tr.q, tr.d, work.wt)
-    matmul(work.wt, r_prev, work.gt)  # A Σ = (R Aᵀ)ᵀ R
-    solve_gram_inplace(r_pred, dd, work.gt)
+def backward_gain(
+    r_prev: np.ndarray, r_pred: np.ndarray, step: np.ndarray, q: int, d: int, wt: np.ndarray, gt: np.ndarray
+) -> None:
+    """``gt = Gᵀ = (Σ⁻)⁻¹ A Σ`` for ``Σ = r_prevᵀ r_prev``, ``Σ⁻ = r_predᵀ r_pred``; ``wt = (R Aᵀ)ᵀ``."""
+    fill_root_transition_t(r_prev, step, q, d, wt)
+    matmul(wt, r_prev, gt)  # A Σ = (R Aᵀ)ᵀ R
+    solve_gram_inplace(r_pred, (q + 1) * d, gt)
 
 
 @nb.njit(**INLINE_JIT)
-def fill_kernel_noise_stack(r_prev: np.ndarray, tr: StepTransition, work: BackwardWork, row0: int) -> None:
-    """Rows ``row0 .. row0 + 2D`` of the stacked root (held transposed in ``work.stack``): the Joseph-form root
+def fill_kernel_noise_stack(
+    r_prev: np.ndarray, step: np.ndarray, rq: np.ndarray, q: int, d: int, gt: np.ndarray, wt: np.ndarray,
+    blk: np.ndarray, stack: np.ndarray, row0: int,
+) -> None:
+    """Rows ``row0 .. row0 + 2D`` of the stacked root (held transposed in ``stack``): the Joseph-form root
     ``[R (I − G A)ᵀ; √κ (Q̄^{1/2} T ⊗ I) Gᵀ]`` of the kernel covariance ``Λ``, after :func:`backward_gain`.
 
     The products work on whole rows (no serial chain per entry), which made the backward step ≈ 1.6×
     faster than row-by-row dot products.
     """
-    q, d = tr.q, tr.d
     dd = (q + 1) * d
-    gt, blk, stack = work.gt, work.blk, work.stack
-    matmul_tn(work.wt, gt, blk)  # R Aᵀ Gᵀ
+    sqrt_kappa = step[2, 0]
+    matmul_tn(wt, gt, blk)  # R Aᵀ Gᵀ
     for i in range(dd):
         for j in range(dd):
             stack[j, row0 + i] = r_prev[i, j] - blk[i, j]
@@ -85,7 +83,7 @@ def fill_kernel_noise_stack(r_prev: np.ndarray, tr: StepTransition, work: Backwa
             for j in range(dd):
                 bi[j] = 0.0
             for jj in range(q + 1):
-                c = tr.sqrt_kappa * tr.rq[i, jj] * tr.tvec[jj]
+                c = sqrt_kappa * rq[i, jj] * step[1, jj]
                 gk = gt[jj * d + k]
                 for j in range(dd):
                     bi[j] += c * gk[j]
@@ -94,80 +92,83 @@ def fill_kernel_noise_stack(r_prev: np.ndarray, tr: StepTransition, work: Backwa
 
 @nb.njit(**INLINE_JIT)
 def backward_kernel(
-    mu: np.ndarray, r: np.ndarray, tr: StepTransition, r_pred: np.ndarray, out: BackwardKernel, work: BackwardWork
+    mu: np.ndarray, r: np.ndarray, step: np.ndarray, rq: np.ndarray, q: int, d: int, r_pred: np.ndarray,
+    out: BackwardKernel, work: BackwardWork,
 ) -> None:
     """Kernel ``x(t) | x(t + h) ~ N(G x + dvec, lam^T lam)`` of the filter distribution ``N(mu, r^T r)`` at ``t``.
 
     ``r_pred`` receives the (invertible) root of the predicted covariance at ``t + h``.
     """
-    dd = (tr.q + 1) * tr.d
-    predict_root(r, tr, work.stack, r_pred)
-    backward_gain(r, r_pred, tr, work)
-    copy_transposed(work.gt, dd, out.g, 0)
-    apply_transition(tr.a, tr.q, tr.d, mu, work.vec)
+    g, dvec, lam = out
+    gt, wt, blk, stack, vec = work
+    dd = (q + 1) * d
+    predict_root(r, step, rq, q, d, stack, r_pred)
+    backward_gain(r, r_pred, step, q, d, wt, gt)
+    copy_transposed(gt, dd, g, 0)
+    apply_transition(step, q, d, mu, vec)
     for i in range(dd):
         s = mu[i]
         for j in range(dd):
-            s -= out.g[i, j] * work.vec[j]
-        out.dvec[i] = s
-    fill_kernel_noise_stack(r, tr, work, 0)
-    tria_cols_inplace(work.stack, 2 * dd, dd, work.stack[dd])
-    copy_transposed(work.stack, dd, out.lam, 0)
+            s -= g[i, j] * vec[j]
+        dvec[i] = s
+    fill_kernel_noise_stack(r, step, rq, q, d, gt, wt, blk, stack, 0)
+    tria_cols_inplace(stack, 2 * dd, dd, stack[dd])
+    copy_transposed(stack, dd, lam, 0)
 
 
 @nb.njit(**INLINE_JIT)
 def backward_step(
-    mu_prev: np.ndarray, r_prev: np.ndarray, mu_pred: np.ndarray, r_pred: np.ndarray, tr: StepTransition,
-    mean: np.ndarray, root: np.ndarray, work: BackwardWork, mean_out: np.ndarray,
+    mu_prev: np.ndarray, r_prev: np.ndarray, r_pred: np.ndarray, step: np.ndarray, rq: np.ndarray, q: int, d: int,
+    mean: np.ndarray, root: np.ndarray, work: BackwardWork,
 ) -> None:
-    """Push ``N(mean, rootᵀ root)`` at ``t_n`` through the backward kernel of the filter posterior.
+    """Push ``N(mean, rootᵀ root)`` at ``t_n`` (in place) through the backward kernel of the filter posterior.
 
-    The filter had ``N(mu_prev, r_prevᵀ r_prev)`` at ``t_{n−1}`` and predicted ``N(mu_pred, r_predᵀ r_pred)``
+    The filter had ``N(mu_prev, r_prevᵀ r_prev)`` at ``t_{n−1}`` and predicted ``N(A mu_prev, r_predᵀ r_pred)``
     at ``t_n``. One QR of the ``3D × D`` stack ``[root Gᵀ; R (I − G A)ᵀ; √κ Q^{1/2} Gᵀ]`` gives the new root
-    (written to ``root``; ``Gᵀ`` stays in ``work.gt``, the new mean goes to ``mean_out``).
+    (``Gᵀ`` stays in ``work.gt``).
     """
-    dd = (tr.q + 1) * tr.d
-    backward_gain(r_prev, r_pred, tr, work)
-    gt = work.gt
-    for i in range(dd):
-        mean_out[i] = mu_prev[i]
+    gt, wt, blk, stack, vec = work
+    dd = (q + 1) * d
+    backward_gain(r_prev, r_pred, step, q, d, wt, gt)
+    apply_transition(step, q, d, mu_prev, vec)  # the filter's predicted mean
     for j in range(dd):
-        dj = mean[j] - mu_pred[j]
+        vec[j] = mean[j] - vec[j]
+    for i in range(dd):
+        mean[i] = mu_prev[i]
+    for j in range(dd):
+        dj = vec[j]
         gj = gt[j]
         for i in range(dd):
-            mean_out[i] += gj[i] * dj
-    matmul(root, gt, work.blk)
-    copy_transposed(work.blk, dd, work.stack, 0)
-    fill_kernel_noise_stack(r_prev, tr, work, dd)
-    tria_cols_inplace(work.stack, 3 * dd, dd, work.stack[dd])
-    copy_transposed(work.stack, dd, root, 0)
+            mean[i] += gj[i] * dj
+    matmul(root, gt, blk)
+    copy_transposed(blk, dd, stack, 0)
+    fill_kernel_noise_stack(r_prev, step, rq, q, d, gt, wt, blk, stack, dd)
+    tria_cols_inplace(stack, 3 * dd, dd, stack[dd])
+    copy_transposed(stack, dd, root, 0)
 
 
 @nb.njit(**INLINE_JIT)
 def backward_step_adjoint(
-    g: np.ndarray, r_pred: np.ndarray, sig_pred: np.ndarray, mu_pred: np.ndarray, m_next: np.ndarray,
-    sig_next: np.ndarray, tr: StepTransition, bar: Cotangent, inj: Cotangent, work: BackwardAdjointWork,
-) -> float:
+    g: np.ndarray, r_pred: np.ndarray, mean_diff: np.ndarray, cov_diff: np.ndarray, step: np.ndarray, q: int, d: int,
+    bar: Cotangent, inj: Cotangent, work: BackwardAdjointWork,
+) -> None:
     """Adjoint of one backward step ``m = μ + G (m⁺ − μ⁻)``, ``P = Σ + G (P⁺ − Σ⁻) Gᵀ``.
 
-    ``G = Σ Aᵀ (Σ⁻)⁻¹`` with ``Σ⁻ = r_predᵀ r_pred = sig_pred = A Σ Aᵀ + κ Q``. On entry ``bar`` holds the
-    adjoints of ``(m, P)``; on exit those of ``(m⁺, P⁺)``. The adjoints with respect to the filter's
-    ``(μ, Σ)`` are added to ``inj`` (those through ``μ⁻ = A μ`` and ``Σ⁻`` mapped back by the prediction's
-    adjoint). Returns the adjoint of the step's diffusion ``κ``.
+    ``G = Σ Aᵀ (Σ⁻)⁻¹`` with ``Σ⁻ = r_predᵀ r_pred``; ``mean_diff = m⁺ − μ⁻`` and ``cov_diff = P⁺ − Σ⁻``. On entry
+    ``bar`` holds the adjoints of ``(m, P)``; on exit those of ``(m⁺, P⁺)``. The direct adjoints with respect
+    to the filter's ``(μ, Σ)`` are added to ``inj``; those of the prediction ``(μ⁻, Σ⁻)`` are left in
+    ``work.vec_a`` and ``work.sig``, for :func:`~.predict.predict_adjoint`.
     """
-    q, d = tr.q, tr.d
     dd = g.shape[0]
-    mbar, sbar = bar.mean, bar.cov
-    gbar, ymat, sig, pg, tmp_a, tmp_b = work.gbar, work.ymat, work.sig, work.pg, work.vec_a, work.vec_b
+    mbar, sbar = bar
+    inj_mu, inj_sig = inj
+    gbar, ymat, sig, pg, tmp_a, tmp_b = work
     # Ḡ = m̄ (m⁺ − μ⁻)ᵀ + 2 P̄ G (P⁺ − Σ⁻); P̄ G is kept in pg for Gᵀ P̄ G below
     matmul(sbar, g, pg)
+    matmul(pg, cov_diff, gbar)
     for i in range(dd):
         for j in range(dd):
-            sig[i, j] = sig_next[i, j] - sig_pred[i, j]
-    matmul(pg, sig, gbar)
-    for i in range(dd):
-        for j in range(dd):
-            gbar[i, j] = mbar[i] * (m_next[j] - mu_pred[j]) + 2.0 * gbar[i, j]
+            gbar[i, j] = mbar[i] * mean_diff[j] + 2.0 * gbar[i, j]
     # ymat = Yᵀ = (Σ⁻)⁻¹ Ḡᵀ, i.e. Y = Ḡ (Σ⁻)⁻¹
     copy_transposed(gbar, dd, ymat, 0)
     solve_gram_inplace(r_pred, dd, ymat)
@@ -183,7 +184,6 @@ def backward_step_adjoint(
             sig[i, j] = -p - s
             sig[j, i] = -p - s
     # Σ̄ += P̄ + sym(Y A), where row (i, k) of (Y A)ᵀ = Aᵀ Yᵀ is Σ_{i' ≤ i} a[i − i'] Yᵀ[(i', k)]
-    inj_mu, inj_sig = inj.mean, inj.cov
     for i in range(dd):
         for j in range(dd):
             inj_sig[i, j] += sbar[i, j]
@@ -192,7 +192,7 @@ def backward_step_adjoint(
             for row in range(dd):
                 tmp_b[row] = 0.0
             for ip in range(i + 1):
-                c = 0.5 * tr.a[i - ip]
+                c = 0.5 * step[0, i - ip]
                 yr = ymat[ip * d + k]
                 for row in range(dd):
                     tmp_b[row] += c * yr[row]
@@ -213,14 +213,6 @@ def backward_step_adjoint(
         mbar[j] = tmp_a[j]
         tmp_a[j] = -tmp_a[j]
     sbar[:, :] = gbar
-    # μ̄⁻ and Σ̄⁻ reach (μ, Σ) through the prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q.
-    kbar = predict_adjoint(tr, tmp_a, sig, gbar, tmp_b, ymat)
-    for j in range(dd):
-        inj_mu[j] += tmp_b[j]
-    for i in range(dd):
-        for j in range(dd):
-            inj_sig[i, j] += ymat[i, j]
-    return kbar
 
 
 @nb.njit(**INLINE_JIT)
@@ -247,19 +239,10 @@ def push_through_kernel(kernel: BackwardKernel, mu: np.ndarray, r: np.ndarray, m
 
 
 @nb.njit(**INLINE_JIT)
-def step_transition(h: float, kappa: float, rq: np.ndarray, q: int, d: int) -> StepTransition:
-    """A freshly allocated :data:`~pymc_pnode.filtering.prior.StepTransition` for step ``h`` and diffusion ``kappa``."""
-    a = np.empty(q + 1)
-    tvec = np.empty(q + 1)
-    step_coefficients(h, q, a, tvec)
-    return StepTransition(a, tvec, math.sqrt(kappa), rq, q, d)
-
-
-@nb.njit(**INLINE_JIT)
 def smooth(ts, mus, rs, kappas, q: int, d: int, rq: np.ndarray):
     """RTS smoothing through backward kernels. Returns smoothed means and roots and the kernels ``(gs, ds, lams)``."""
     n_pts, dd = mus.shape
-    kernels = BackwardKernel(np.zeros((n_pts, dd, dd)), np.zeros((n_pts, dd)), np.zeros((n_pts, dd, dd)))
+    gs, ds, lams = np.zeros((n_pts, dd, dd)), np.zeros((n_pts, dd)), np.zeros((n_pts, dd, dd))
     mus_s = np.empty_like(mus)
     rs_s = np.empty_like(rs)
     r_pred = np.empty((dd, dd))
@@ -267,11 +250,11 @@ def smooth(ts, mus, rs, kappas, q: int, d: int, rq: np.ndarray):
     mus_s[n_pts - 1] = mus[n_pts - 1]
     rs_s[n_pts - 1] = rs[n_pts - 1]
     for n in range(n_pts - 1, 0, -1):
-        tr = step_transition(ts[n] - ts[n - 1], kappas[n], rq, q, d)
-        kernel = BackwardKernel(kernels.g[n], kernels.dvec[n], kernels.lam[n])
-        backward_kernel(mus[n - 1], rs[n - 1], tr, r_pred, kernel, work)
+        kernel = BackwardKernel(gs[n], ds[n], lams[n])
+        backward_kernel(mus[n - 1], rs[n - 1], new_step(ts[n] - ts[n - 1], kappas[n], q), rq, q, d, r_pred, kernel,
+                        work)
         push_through_kernel(kernel, mus_s[n], rs_s[n], mus_s[n - 1], rs_s[n - 1])
-    return mus_s, rs_s, kernels
+    return mus_s, rs_s, BackwardKernel(gs, ds, lams)
 
 
 @nb.njit(**INLINE_JIT)
@@ -313,12 +296,12 @@ def interpolate(t, ts, mus, rs, kappas, smoothed, rq: np.ndarray, q: int, d: int
     dd = (q + 1) * d
     work = backward_work(dd)
     # Filter prediction from t_{n-1} to t ...
-    tr = step_transition(t - ts[n - 1], kappas[n], rq, q, d)
+    step = new_step(t - ts[n - 1], kappas[n], q)
     mu_t = np.empty(dd)
-    apply_transition(tr.a, q, d, mus[n - 1], mu_t)
+    apply_transition(step, q, d, mus[n - 1], mu_t)
     r_t = np.empty((dd, dd))
-    predict_root(rs[n - 1], tr, work.stack, r_t)
+    predict_root(rs[n - 1], step, rq, q, d, work.stack, r_t)
     # ... then condition on the smoothed state at t_n through the kernel x(t) | x(t_n).
     kernel = BackwardKernel(np.empty((dd, dd)), np.empty(dd), np.empty((dd, dd)))
-    backward_kernel(mu_t, r_t, step_transition(ts[n] - t, kappas[n], rq, q, d), np.empty((dd, dd)), kernel, work)
+    backward_kernel(mu_t, r_t, new_step(ts[n] - t, kappas[n], q), rq, q, d, np.empty((dd, dd)), kernel, work)
     push_through_kernel(kernel, mus_s[n], rs_s[n], mu_out, r_out)

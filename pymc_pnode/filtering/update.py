@@ -58,20 +58,22 @@ def linearisation_adjoint_work(d: int, k: int) -> LinearisationAdjointWork:
 
 @nb.njit(**INLINE_JIT)
 def linearise(
-    field: VectorField, t: float, mu_pred: np.ndarray, d: int, work: LinearisationWork, lin: np.ndarray,
-    zhat: np.ndarray,
+    field: VectorField, t: float, mu_pred: np.ndarray, d: int, xi: np.ndarray, fx: np.ndarray, jac: np.ndarray,
+    lin: np.ndarray, zhat: np.ndarray,
 ) -> None:
-    """``L`` (into ``lin``) and ``ẑ = E1 μ⁻ − f(ξ)`` (into ``zhat``) at ``ξ = E0 μ⁻`` (``work.xi``, ``work.fx``)."""
+    """``L`` (into ``lin``) and ``ẑ = E1 μ⁻ − f(ξ)`` (into ``zhat``) at ``ξ = E0 μ⁻`` (scratch ``xi``, ``fx`` = f(ξ),
+    ``jac``: zeros for EK0)."""
+    rhs, jac_y, theta, ek1 = field
     for c in range(d):
-        work.xi[c] = mu_pred[c]
-    field.rhs(work.xi, t, field.theta, work.fx)
-    if field.ek1:
-        field.jac_y(work.xi, t, field.theta, work.jac)
+        xi[c] = mu_pred[c]
+    rhs(xi, t, theta, fx)
+    if ek1:
+        jac_y(xi, t, theta, jac)
     for r in range(d):  # grown rows are uninitialised: write the zeros of EK0 too
         for c in range(d):
-            lin[r, c] = work.jac[r, c]
+            lin[r, c] = jac[r, c]
     for c in range(d):
-        zhat[c] = mu_pred[d + c] - work.fx[c]
+        zhat[c] = mu_pred[d + c] - fx[c]
 
 
 @nb.njit(**INLINE_JIT)
@@ -84,7 +86,7 @@ def ode_observation_matrix(lin: np.ndarray, d: int, hm: np.ndarray) -> None:
             hm[r, c] = -lin[r, c]
 
 
-@nb.njit(**INLINE_JIT)
+@nb.njit(inline="always", **INLINE_JIT)
 def linearise_adjoint(
     field: VectorField, derivs: FieldDerivatives, t: float, xi: np.ndarray, lin: np.ndarray, d: int,
     cot: LinearisationCotangents, mbar_pred: np.ndarray, grad_theta: np.ndarray, work: LinearisationAdjointWork,
@@ -96,42 +98,42 @@ def linearise_adjoint(
     ``mbar_pred`` and those of ``θ`` to ``grad_theta``. EK1's ``L = J(ξ)`` brings the second derivatives.
     """
     k = grad_theta.shape[0]
-    rbar, zbar = cot.rbar, cot.zbar
+    _, jac_y, theta, ek1 = field
+    rbar, hbar, zbar, jbar = cot
+    lbar, xbar, jp, hyy, hyp, jtrue = work
     for c in range(d):
         mbar_pred[d + c] += zbar[c]
-    derivs.jac_p(xi, t, field.theta, work.jp)
+    derivs.jac_p(xi, t, theta, jp)
     for j in range(k):
         s = 0.0
         for c in range(d):
-            s -= work.jp[c, j] * (rbar[c] + zbar[c])
+            s -= jp[c, j] * (rbar[c] + zbar[c])
         grad_theta[j] += s
-    xbar = work.xbar
-    if field.ek1:
-        derivs.hess_yy(xi, t, field.theta, work.hyy)
-        derivs.hess_yp(xi, t, field.theta, work.hyp)
-        lbar = work.lbar
+    if ek1:
+        derivs.hess_yy(xi, t, theta, hyy)
+        derivs.hess_yp(xi, t, theta, hyp)
         for r in range(d):
             for c in range(d):
-                lbar[r, c] = -cot.hbar[r, c] + rbar[r] * xi[c] + cot.jbar[r, c]
+                lbar[r, c] = -hbar[r, c] + rbar[r] * xi[c] + jbar[r, c]
         for e in range(d):
             s = 0.0
             for r in range(d):
                 s -= lin[r, e] * zbar[r]
                 for c in range(d):
-                    s += lbar[r, c] * work.hyy[r, c, e]
+                    s += lbar[r, c] * hyy[r, c, e]
             xbar[e] = s
         for j in range(k):
             s = 0.0
             for r in range(d):
                 for c in range(d):
-                    s += lbar[r, c] * work.hyp[r, c, j]
+                    s += lbar[r, c] * hyp[r, c, j]
             grad_theta[j] += s
     else:
-        field.jac_y(xi, t, field.theta, work.jtrue)
+        jac_y(xi, t, theta, jtrue)
         for e in range(d):
             s = 0.0
             for c in range(d):
-                s -= work.jtrue[c, e] * (rbar[c] + zbar[c])
+                s -= jtrue[c, e] * (rbar[c] + zbar[c])
             xbar[e] = s
     for e in range(d):
         mbar_pred[e] += xbar[e]
@@ -199,7 +201,7 @@ def spd_inverse(s: np.ndarray, n: int, inv: np.ndarray, work: np.ndarray) -> boo
     return True
 
 
-@nb.njit(**INLINE_JIT)
+@nb.njit(inline="always", **INLINE_JIT)
 def update_adjoint(
     obs: GaussianObservation, sp: np.ndarray, spost: np.ndarray, mu_pred: np.ndarray, weights: tuple[float, float],
     bar: Cotangent, want_h: bool, out: UpdateAdjointOut, work: UpdateAdjointWork,
@@ -216,14 +218,15 @@ def update_adjoint(
     False if ``S`` is singular. Work arrays (:func:`update_adjoint_work`): ``wk`` (4, D, m), ``wm``
     (4, m, m), ``wv`` (4, max(D, m)).
     """
-    hm, nv, r, mo = obs.hm, obs.noise_var, obs.resid, obs.rows
+    hm, nv, r, mo = obs
     wq, wl = weights
-    mbar, sbar = bar.mean, bar.cov
-    rbar, sdiag, hbar = out.rbar, out.sdiag, out.hbar
+    mbar, sbar = bar
+    rbar, sdiag, hbar = out
+    wk, wm, wv = work
     dd = sp.shape[0]
-    u, kg, t1, mh_t = work.wk[0], work.wk[1], work.wk[2], work.wk[3]
-    smat, sinv, mmat, chol = work.wm[0], work.wm[1], work.wm[2], work.wm[3]
-    bm, v, alpha, kr = work.wv[0], work.wv[1], work.wv[2], work.wv[3]
+    u, kg, t1, mh_t = wk[0], wk[1], wk[2], wk[3]
+    smat, sinv, mmat, chol = wm[0], wm[1], wm[2], wm[3]
+    bm, v, alpha, kr = wv[0], wv[1], wv[2], wv[3]
     # U = Σ⁻ Hᵀ, S = H U + R
     for a_ in range(dd):
         for i in range(mo):

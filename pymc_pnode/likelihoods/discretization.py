@@ -36,7 +36,7 @@ import pytensor.tensor as pt
 from pytensor.graph.basic import Variable
 
 from pymc_pnode.classical.rk import FixedStepSolver, solver_op
-from pymc_pnode.validation import validate_obs_matrix
+from pymc_pnode.validation import validate_noise, validate_obs_matrix
 
 __all__ = ["DiscretizationErrorNormal", "monotone_error_variance"]
 
@@ -53,13 +53,7 @@ def _noise_variance(noise_var, n_obs: int):
         if var.ndim > 1:
             raise ValueError(f"noise_var must be a scalar or a vector of length {n_obs}")
         return pt.cast(var, "float64"), None
-    arr = np.asarray(noise_var, dtype=np.float64).reshape(-1)
-    if arr.size == 1:
-        arr = np.full(n_obs, float(arr[0]))
-    if arr.shape != (n_obs,):
-        raise ValueError(f"noise_var must be a scalar or have {n_obs} entries, got shape {np.shape(noise_var)}")
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 0.0):
-        raise ValueError(f"noise_var must be positive and finite (a variance), got {arr}")
+    arr = validate_noise(noise_var, n_obs, "noise_var")
     return pt.as_tensor_variable(arr), arr
 
 

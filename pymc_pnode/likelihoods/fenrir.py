@@ -25,7 +25,7 @@ from pymc_pnode.filtering.fenrir import FenrirArguments, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import Stepping
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import EK1, _ODEFilter, fixed_grid, solve
+from pymc_pnode.solve import ODEFilter, fixed_grid, solve, validate_filter, validate_ode
 from pymc_pnode.validation import (
     as_float_array,
     as_positive_float,
@@ -86,7 +86,7 @@ class FenrirProblem:
     """
 
     ode: ODE
-    solver: _ODEFilter
+    solver: ODEFilter
     times: np.ndarray
     grid: np.ndarray
     obs_at: np.ndarray
@@ -99,11 +99,8 @@ class FenrirProblem:
 
     @classmethod
     def build(cls, ode, times, data_shape, obs_matrix, n_sigma, solver, control, diffusion_mode, label="Fenrir"):
-        if not isinstance(ode, ODE):
-            raise ValueError(f"ode must be a pymc_pnode.ODE, got {type(ode).__name__}")
-        solver = EK1(order=3) if solver is None else solver
-        if not isinstance(solver, _ODEFilter):
-            raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
+        ode = validate_ode(ode)
+        solver = validate_filter(solver)
         times = validate_times(times, "times", start=ode.t0)
         d = ode.n_states
         cmat = validate_obs_matrix(obs_matrix, d)
@@ -227,6 +224,8 @@ def _fenrir_inputs(y0, theta, data, sigma, kappa):
 class FenrirOp(Op):
     """Per-observation Fenrir log-likelihood terms; the gradient is exact (reverse mode)."""
 
+    __props__ = ("problem",)
+
     def __init__(self, problem: FenrirProblem):
         self.problem = problem
 
@@ -262,6 +261,8 @@ class FenrirVJPOp(Op):
     The terms come for free with the reverse sweep; :func:`_share_fenrir_forward_pass` lets the
     value node of the same inputs use them, so a compiled logp-and-gradient runs the solver once.
     """
+
+    __props__ = ("problem",)
 
     def __init__(self, problem: FenrirProblem):
         self.problem = problem
@@ -370,7 +371,7 @@ def fenrir_loglik(
     obs_matrix=None,
     obs_sigma,
     diffusion=None,
-    solver: _ODEFilter | None = None,
+    solver: ODEFilter | None = None,
     step: float | None = None,
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
@@ -480,7 +481,7 @@ def Fenrir(
     obs_matrix=None,
     obs_sigma,
     diffusion=None,
-    solver: _ODEFilter | None = None,
+    solver: ODEFilter | None = None,
     step: float | None = None,
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
