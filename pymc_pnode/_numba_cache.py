@@ -6,6 +6,11 @@ here inline helpers from other modules (``filtering.linalg.JIT`` has ``forceinli
 functions defined in this package the source stamp is therefore that of the whole package (latest modification
 time, total size of its ``.py`` files). Imported first by ``pymc_pnode/__init__.py``, before any kernel is
 decorated; functions outside the package keep numba's own locators.
+
+numba unpickles a cache index before it compares the stamp, so an index written by older package sources
+that names a class those sources had (a named tuple type of a kernel's signature, say) raised an
+``AttributeError`` instead of being treated as stale; for the package's caches such an index now counts as
+stale (the kernel is compiled again).
 """
 
 from __future__ import annotations
@@ -44,3 +49,19 @@ _LOCATORS = [
 ]
 if not any(issubclass(cls, _PackageStamp) for cls in caching.CacheImpl._locator_classes):
     caching.CacheImpl._locator_classes[:0] = _LOCATORS
+
+
+_load_index = caching.IndexDataCacheFile._load_index
+
+
+def _load_index_or_stale(self):
+    try:
+        return _load_index(self)
+    except Exception:  # noqa: BLE001 - any index that no longer unpickles is stale
+        if self._source_stamp != _STAMP:
+            raise  # not this package's cache: numba's own behaviour
+        return {}
+
+
+if getattr(caching.IndexDataCacheFile._load_index, "__name__", "") != "_load_index_or_stale":
+    caching.IndexDataCacheFile._load_index = _load_index_or_stale

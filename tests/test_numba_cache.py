@@ -2,6 +2,7 @@
 
 import inspect
 
+import pytest
 from numba.core import caching
 
 from pymc_pnode import _numba_cache
@@ -33,3 +34,28 @@ def test_functions_outside_the_package_keep_numbas_own_stamp():
 
     locator = _locator(outside)
     assert locator is not None and not isinstance(locator, _numba_cache._PackageStamp)
+
+
+def test_an_index_naming_a_class_that_no_longer_exists_is_stale(tmp_path):
+    # An index written by older package sources may name a class they had (e.g. a named tuple of a kernel
+    # signature); numba unpickles before it compares the stamp, so that must count as stale, not raise.
+    import collections
+    import pickle
+
+    import numba
+
+    gone = collections.namedtuple("GoneBundle", "a")
+    gone.__module__ = _numba_cache.__name__
+    _numba_cache.GoneBundle = gone
+    data = pickle.dumps((("old stamp", 1), {gone(1): "overload"}))
+    del _numba_cache.GoneBundle
+    for stamp in (_numba_cache._STAMP, ("other sources", 1)):
+        with open(tmp_path / "kernel-1.py311.nbi", "wb") as f:
+            pickle.dump(numba.__version__, f)
+            f.write(data)
+        index = caching.IndexDataCacheFile(str(tmp_path), "kernel-1.py311", stamp)
+        if stamp == _numba_cache._STAMP:
+            assert index._load_index() == {}
+        else:  # outside the package's caches numba's behaviour is unchanged
+            with pytest.raises(AttributeError):
+                index._load_index()

@@ -150,68 +150,74 @@ def forward_pass(
     h = control.h0 if adaptive else math.inf
     h_coeffs = math.nan  # the step whose prior coefficients are in the (unkept) slot 0
     err_prev = 1e-4
-    while next_stop < n_stops:
-        h_try, hit_stop, status = propose_step(t, h, stops[next_stop], n,
-                                               control.max_steps if adaptive else n_stops)
-        if status != STATUS_SUCCESS:
-            break
-        t_new = stops[next_stop] if hit_stop else t + h_try
-        if n + 1 >= cap:
+    full = True
+    while full:  # the stepping loop; it returns here only to grow the arrays (never reassigned inside it)
+        full = False
+        while next_stop < n_stops:
+            h_try, hit_stop, status = propose_step(t, h, stops[next_stop], n,
+                                                   control.max_steps if adaptive else n_stops)
+            if status != STATUS_SUCCESS:
+                break
+            t_new = stops[next_stop] if hit_stop else t + h_try
+            if n + 1 >= cap:
+                full = True
+                break
+            p = n + 1  # the slot of the step's results
+            s = p if keep else 0  # its slot among the kept arrays
+            # one view per row and step (every view is a counted reference)
+            step, mu_prev, r_prev, mu_p, r_p = steps[s], mu[n], r[n], mu[p], r[p]
+            mu_pred_p, r_pred_p, lin_p, zhat_p = mu_pred[s], r_pred[s], lin[s], zhat[s]
+            if keep and n > 0 and h_try == grid[n] - grid[n - 1]:  # equal steps: skip the powers
+                step[:2] = steps[n, :2]
+            elif keep or h_try != h_coeffs:
+                set_step(h_try, 1.0, q, step)
+                h_coeffs = h_try
+            apply_transition(step, q, d, mu_prev, mu_pred_p)
+            linearise(field, t_new, mu_pred_p, d, xi, f_post, jac, lin_p, zhat_p)
+            n_f += 1
+            err = 0.0
+            local_kappa = 1.0
+            if estimate:
+                err, local_kappa = local_error(step, rq, q, d, lin_p, zhat_p, mu_prev, mu_pred_p,
+                                               (h_try, tol[0], tol[1]), err_work)
+            if adaptive:
+                accepted, h, err_prev = control_step(err, h_try, h, err_prev, hit_stop, q)
+                if not accepted:
+                    n_rej += 1
+                    continue
+            local_kappa = floored_kappa(local_kappa)
+            kappa = local_kappa if local else diffusion.kappa
+            step[2, 0] = math.sqrt(kappa)
+            predict_root(r_prev, step, rq, q, d, m_pred, r_pred_p)
+            stat = update_sqrt(r_pred_p, mu_pred_p, lin_p, zhat_p, q, d, m_upd, w, mu_p, r_p)
+            if not update_finite(stat, mu_p, r_p):
+                status = STATUS_NONFINITE
+                break
+            if not adaptive:
+                # No controller guards fixed steps: stop at the first step that no longer approximates the
+                # solution (one more evaluation of f, at the updated solution).
+                for k in range(d):
+                    xi[k] = mu_p[k]
+                rhs(xi, t_new, theta, f_post)
+                n_f += 1
+                if fixed_step_failed(h_try, mu_prev, mu_pred_p, mu_p, f_post, d):
+                    status = STATUS_DIVERGED
+                    break
+            stat_sum += stat
+            max_err = max(max_err, err)
+            n = p
+            t = t_new
+            grid[n] = t_new
+            kappa_used[n] = kappa
+            local_kappas[n] = local_kappa
+            stop[n] = -1
+            if hit_stop:
+                stop[n] = next_stop
+                next_stop += 1
+        if full:
             cap *= 2
             run = _grow_run(run, cap, keep)
             grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa_used, local_kappas = run
-        p = n + 1  # the slot of the step's results
-        s = p if keep else 0  # its slot among the kept arrays
-        # one view per row and step (every view is a counted reference)
-        step, mu_prev, r_prev, mu_p, r_p = steps[s], mu[n], r[n], mu[p], r[p]
-        mu_pred_p, r_pred_p, lin_p, zhat_p = mu_pred[s], r_pred[s], lin[s], zhat[s]
-        if keep and n > 0 and h_try == grid[n] - grid[n - 1]:  # equal steps: skip the powers
-            step[:2] = steps[n, :2]
-        elif keep or h_try != h_coeffs:
-            set_step(h_try, 1.0, q, step)
-            h_coeffs = h_try
-        apply_transition(step, q, d, mu_prev, mu_pred_p)
-        linearise(field, t_new, mu_pred_p, d, xi, f_post, jac, lin_p, zhat_p)
-        n_f += 1
-        err = 0.0
-        local_kappa = 1.0
-        if estimate:
-            err, local_kappa = local_error(step, rq, q, d, lin_p, zhat_p, mu_prev, mu_pred_p, (h_try, tol[0], tol[1]),
-                                           err_work)
-        if adaptive:
-            accepted, h, err_prev = control_step(err, h_try, h, err_prev, hit_stop, q)
-            if not accepted:
-                n_rej += 1
-                continue
-        local_kappa = floored_kappa(local_kappa)
-        kappa = local_kappa if local else diffusion.kappa
-        step[2, 0] = math.sqrt(kappa)
-        predict_root(r_prev, step, rq, q, d, m_pred, r_pred_p)
-        stat = update_sqrt(r_pred_p, mu_pred_p, lin_p, zhat_p, q, d, m_upd, w, mu_p, r_p)
-        if not update_finite(stat, mu_p, r_p):
-            status = STATUS_NONFINITE
-            break
-        if not adaptive:
-            # No controller guards fixed steps: stop at the first step that no longer approximates the
-            # solution (one more evaluation of f, at the updated solution).
-            for k in range(d):
-                xi[k] = mu_p[k]
-            rhs(xi, t_new, theta, f_post)
-            n_f += 1
-            if fixed_step_failed(h_try, mu_prev, mu_pred_p, mu_p, f_post, d):
-                status = STATUS_DIVERGED
-                break
-        stat_sum += stat
-        max_err = max(max_err, err)
-        n = p
-        t = t_new
-        grid[n] = t_new
-        kappa_used[n] = kappa
-        local_kappas[n] = local_kappa
-        stop[n] = -1
-        if hit_stop:
-            stop[n] = next_stop
-            next_stop += 1
     return _truncate_run(run, n + 1, keep), ForwardStats(n, n_rej, n_f, status, stat_sum, max_err)
 
 
