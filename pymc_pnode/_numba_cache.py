@@ -1,7 +1,7 @@
 """numba's disk cache for this package's kernels, keyed on all of its source files.
 
 numba invalidates a cached function when *its own* source file changes (modification time and size). The kernels
-here inline helpers from other modules (``filtering.linalg.JIT`` has ``forceinline``), so an edited helper in
+here inline helpers from other modules (``_jit.INLINE_JIT`` has ``forceinline``), so an edited helper in
 ``odefilter.py`` would leave a stale Fenrir kernel from ``fenrir.py`` in the cache: old code, silently. For
 functions defined in this package the source stamp is therefore that of the whole package (latest modification
 time, total size of its ``.py`` files). Imported first by ``pymc_pnode/__init__.py``, before any kernel is

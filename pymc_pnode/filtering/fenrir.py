@@ -296,9 +296,9 @@ def fenrir_kernel(q: int, d: int):
     """The Fenrir kernel ``fenrir_terms`` compiled for IWP order ``q`` and ``d`` states.
 
     The sizes are closure constants, so numba compiles (and caches on disk) one kernel per
-    ``(q, d)``: with the helpers inlined (``linalg.JIT``), LLVM sees fixed trip counts in every
+    ``(q, d)``: with the helpers inlined (``_jit.INLINE_JIT``), LLVM sees fixed trip counts in every
     small dense loop, unrolls them and, with ``slp_vectorization``, turns them into vector
-    instructions. Compiling a new ``(q, d)`` takes ≈ 35 s once.
+    instructions. Compiling a new ``(q, d)`` takes ≈ 90 s once (87 s for ``(3, 2)``, docs/benchmarks.md).
     """
 
     def fenrir_terms(rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac, args):

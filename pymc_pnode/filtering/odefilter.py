@@ -257,10 +257,11 @@ def rescale_roots(run: ForwardRun, kappa: float) -> None:
     sqrt_kappa = math.sqrt(kappa)
     r, r_pred, steps, kappas = run.r, run.r_pred, run.step, run.kappa
     n_pts = r.shape[0]
+    kept = r_pred.shape[0] == n_pts  # the predictions too (a run for the adjoints)
     for n in range(1, n_pts):
         kappas[n] = kappa
         r[n] *= sqrt_kappa
-        if r_pred.shape[0] == n_pts:
+        if kept:
             r_pred[n] *= sqrt_kappa
             steps[n, 2, 0] = sqrt_kappa
 

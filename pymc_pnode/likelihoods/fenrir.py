@@ -7,6 +7,7 @@ import math
 import warnings
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
 
 import numba as nb
 import numpy as np
@@ -147,6 +148,13 @@ class FenrirProblem:
         """The compiled Fenrir kernel for this problem's sizes (see :func:`fenrir_kernel`)."""
         return fenrir_kernel(self.solver.order, self.ode.n_states)
 
+    @cached_property
+    def stepping(self) -> Stepping:
+        """The kernel's stepping rule for this problem (the kernel chooses the first adaptive step itself)."""
+        control = self.control
+        return Stepping(bool(control.adaptive), 0.0, float(control.rtol), float(control.atol),
+                        int(control.max_steps), True)
+
     def kernel_arguments(self):
         """The constant leading arguments of the Fenrir kernel for this problem."""
         ode = self.ode
@@ -193,11 +201,8 @@ class FenrirProblem:
         max_err = math.nan
         grid = self.grid[:1]
         if ok:
-            control = self.control
             arguments = FenrirArguments(
-                y0, theta, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa, self.diffusion_mode,
-                Stepping(bool(control.adaptive), 0.0, float(control.rtol), float(control.atol),
-                         int(control.max_steps), True),
+                y0, theta, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa, self.diffusion_mode, self.stepping,
                 self.grid, self.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
             )
             terms, grad, ok, info, grid = self.kernel(*self.kernel_arguments(), arguments)
