@@ -44,7 +44,7 @@ _LAZY = {
     "ChkrebtiiReplicaMove": "pymc_pnode.chkrebtii",
 }
 
-_SUBPACKAGES = {"baselines", "classical", "chkrebtii", "sampling", "likelihoods"}
+_SUBPACKAGES = {"baselines", "classical", "chkrebtii", "sampling", "likelihoods", "studies"}
 
 __all__ = ["EK0", "EK1", "IWP", "ODE", "ProbabilisticSolution", "solve", *_LAZY]
 

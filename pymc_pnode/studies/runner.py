@@ -1,0 +1,226 @@
+"""Run many independent tasks (fits, posteriors, replicates) on a dask.distributed cluster.
+
+:func:`run_study` sends one function and many small task descriptions to a cluster — a ``LocalCluster`` of
+one single-threaded worker process per core by default, or any cluster by its scheduler address — records
+each finished task in a :class:`~pymc_pnode.studies.store.StudyStore` as soon as it arrives, and returns one
+tidy table. Tasks must be independent and carry their own random seeds, so the table does not depend on
+which worker ran what, or on how often a task had to be started.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from pymc_pnode.studies.store import StudyStore, rows_of, task_id
+
+SERIAL = "serial"
+
+
+class StudyWarning(UserWarning):
+    """Some tasks of a study failed after their retries (the study's table lacks their rows)."""
+
+
+@dataclass
+class StudyResult:
+    """What a study produced.
+
+    Attributes
+    ----------
+    table : pandas.DataFrame
+        One row per result row of every finished task, with the task's key in the column ``task``, in the
+        order of the tasks given.
+    failures : dict
+        Task key → the error of its last attempt, for tasks that failed after their retries.
+    n_run : int
+        Tasks executed by this call.
+    n_resumed : int
+        Tasks found finished in the store and not run again.
+    seconds : float
+        Wall time of this call.
+    """
+
+    table: Any
+    failures: dict = field(default_factory=dict)
+    n_run: int = 0
+    n_resumed: int = 0
+    seconds: float = 0.0
+
+
+def _call(func: Callable, task):
+    return rows_of(func(task))
+
+
+def run_study(
+    func: Callable[[Any], Mapping | Sequence[Mapping]],
+    tasks: Mapping | Sequence,
+    *,
+    client=None,
+    store=None,
+    metadata: Mapping[str, Any] | None = None,
+    retries: int = 2,
+    warm_up: bool = True,
+    progress: bool = True,
+    description: str = "study",
+) -> StudyResult:
+    """Run ``func(task)`` for every task, on a dask.distributed cluster, recording results as they finish.
+
+    Parameters
+    ----------
+    func : callable
+        ``func(task)`` returns one result row (a dict of scalars: numbers, bools, strings) or a list of rows.
+        It is sent to the workers once (pickled with cloudpickle), so it may be a closure or a callable
+        object holding a PyMC model; workers keep it in memory between tasks.
+    tasks : mapping or sequence
+        Task descriptions (small, picklable: seeds, settings), by key (``int`` or ``str``); a sequence is
+        keyed by position.
+    client : distributed.Client, str, "serial" or None
+        Where to run: ``None`` starts a ``LocalCluster`` with one single-threaded worker process per core
+        (closed afterwards); a ``Client``; a scheduler address such as ``"tcp://10.0.0.5:8786"`` (connected
+        and closed afterwards); ``"serial"`` runs the tasks one after the other in this process.
+    store : str, Path or StudyStore, optional
+        Directory of the study's record. Each finished task is written there before the next one is
+        recorded, so a crash, an interrupt or a killed worker loses no finished result, and a rerun with
+        the same store skips the finished tasks (see :class:`~pymc_pnode.studies.store.StudyStore`).
+    metadata : dict, optional
+        What the study is; a store that records another study is refused.
+    retries : int, default 2
+        Extra attempts for a task that raises. A worker that dies is replaced by its nanny and its tasks run
+        elsewhere (dask's ``distributed.scheduler.allowed-failures``). Tasks that still fail are reported
+        in :attr:`StudyResult.failures`, in the store and by a :class:`StudyWarning`.
+    warm_up : bool, default True
+        Run the first pending task alone before the others, so that the numba and PyTensor disk caches it
+        fills are loaded, not compiled again, by the other workers.
+    progress : bool, default True
+        Show a progress bar of finished tasks.
+    description : str
+        Label of the progress bar and prefix of the dask task keys.
+
+    Returns
+    -------
+    StudyResult
+    """
+    start = time.perf_counter()
+    if not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be a non-negative integer, got {retries!r}")
+    if not (client is None or isinstance(client, str) or _is_client(client)):
+        raise ValueError(f"client must be a distributed.Client, a scheduler address, 'serial' or None, got {client!r}")
+    keyed = dict(tasks) if isinstance(tasks, Mapping) else dict(enumerate(tasks))
+    ids = {task_id(key): key for key in keyed}
+    if len(ids) != len(keyed):
+        raise ValueError("tasks: two keys have the same text (e.g. 1 and '1'); keys must be distinct")
+    if not isinstance(store, StudyStore):
+        store = StudyStore(store, metadata)
+    done = store.finished()
+    pending = [key for tid, key in ids.items() if tid not in done]
+    failures: dict = {}
+    bar = _progress_bar(len(pending), description, progress)
+
+    def finished(key, rows) -> None:
+        store.record(key, rows)
+        bar.update(1)
+
+    def failed(key, error: BaseException | str, trace: str, attempts: int) -> None:
+        failures[key] = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        store.record_failure(key, failures[key], trace, attempts)
+        bar.update(1)
+        bar.set_postfix(failed=len(failures))
+
+    try:
+        if client == SERIAL:
+            _run_serial(func, keyed, pending, retries, finished, failed)
+        elif pending:
+            _run_distributed(func, keyed, pending, client, retries, warm_up, description, finished, failed)
+    finally:
+        bar.close()
+    if failures:
+        warnings.warn(f"{len(failures)} of {len(keyed)} tasks of {description!r} failed after {retries} retries "
+                      f"(first: {next(iter(failures))!r}: {next(iter(failures.values()))}); their rows are "
+                      "missing from the table; a rerun with the same store tries them again", StudyWarning,
+                      stacklevel=2)
+    return StudyResult(table=store.table(order=keyed), failures=failures, n_run=len(pending),
+                       n_resumed=len(keyed) - len(pending), seconds=time.perf_counter() - start)
+
+
+def _run_serial(func, keyed, pending, retries, finished, failed) -> None:
+    for key in pending:
+        for attempt in range(retries + 1):
+            try:
+                rows = _call(func, keyed[key])
+            except Exception as error:  # noqa: BLE001 - recorded and reported, as on a cluster
+                if attempt == retries:
+                    failed(key, error, traceback.format_exc(), attempt + 1)
+            else:
+                finished(key, rows)
+                break
+
+
+def _run_distributed(func, keyed, pending, client, retries, warm_up, description, finished, failed) -> None:
+    from distributed import as_completed
+
+    client, owned = _connect(client)
+    try:
+        shared_func = client.scatter(func, broadcast=True, hash=False)
+        prefix = f"{description.replace(' ', '_')}-{os.getpid()}-{time.time_ns()}"
+
+        def submit(key):
+            return client.submit(_call, shared_func, keyed[key], key=f"{prefix}-{task_id(key)}", retries=retries,
+                                 pure=False)
+
+        first = 1 if warm_up and len(pending) > 1 else 0
+        batches = [pending[:first], pending[first:]] if first else [pending]
+        for batch in batches:
+            futures = {submit(key): key for key in batch}
+            try:
+                for future in as_completed(futures):
+                    key = futures.pop(future)
+                    if future.status == "finished":
+                        finished(key, future.result())
+                    else:
+                        error = future.exception()
+                        trace = "".join(traceback.format_tb(future.traceback())) if future.traceback() else ""
+                        failed(key, error, trace, retries + 1)
+                    future.release()
+            finally:
+                client.cancel(list(futures))
+    finally:
+        if owned:
+            _close(client)
+
+
+def _connect(client):
+    """A ``(client, owned)`` pair: the given client, or one started here that the caller must close."""
+    from distributed import Client, LocalCluster
+
+    if client is None:
+        cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        return Client(cluster), True
+    if isinstance(client, str):
+        return Client(client), True
+    return client, False
+
+
+def _is_client(client) -> bool:
+    try:
+        from distributed import Client
+    except ImportError:
+        return False
+    return isinstance(client, Client)
+
+
+def _close(client) -> None:
+    cluster = client.cluster
+    client.close()
+    if cluster is not None:
+        cluster.close()
+
+
+def _progress_bar(total: int, description: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=description, unit="task", disable=not enabled)
