@@ -20,10 +20,14 @@ from pathlib import Path
 from numba.core import caching
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+# Subpackages with no numba code, whose edits cannot change a kernel: they do not invalidate the cache (an edit
+# of the study runner would otherwise cost minutes of recompiling every kernel).
+_WITHOUT_KERNELS = ("studies",)
 
 
 def _package_stamp() -> tuple[float, int]:
-    stats = [path.stat() for path in _PACKAGE_DIR.rglob("*.py")]
+    stats = [path.stat() for path in _PACKAGE_DIR.rglob("*.py")
+             if path.relative_to(_PACKAGE_DIR).parts[0] not in _WITHOUT_KERNELS]
     return max(st.st_mtime for st in stats), sum(st.st_size for st in stats)
 
 

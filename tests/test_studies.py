@@ -184,6 +184,8 @@ def test_condition_on_data_replaces_array_and_pm_data_observations():
                                5 * (-0.125 - 0.5 * np.log(2 * np.pi)))
     with pytest.raises(ValueError, match="not observed variables"):
         studies.condition_on_data(model, {"mu": 1.0})
+    with pytest.raises(ValueError, match="non-finite"):
+        studies.condition_on_data(model, {"y": np.array([1.0, np.nan, 3.0])})
 
 
 def test_condition_on_data_reaches_the_fenrir_likelihood(fhn_ode):

@@ -48,6 +48,10 @@ def condition_on_data(model: pm.Model, data: Mapping[str, np.ndarray]) -> pm.Mod
             continue
         value = node.inputs[1]
         new = np.asarray(data[node.outputs[0].name], dtype=value.dtype)
+        if not np.all(np.isfinite(new)):
+            # Likelihoods fix their missing-value masks when the model is built (pn.Fenrir among them).
+            raise ValueError(f"data[{node.outputs[0].name!r}] has non-finite values: conditioning cannot add "
+                             "missing values; rebuild the model with them instead")
         if new.shape != tuple(value.type.shape) and None not in value.type.shape:
             raise ValueError(f"data[{node.outputs[0].name!r}] has shape {new.shape}, the model's observed value "
                              f"{tuple(value.type.shape)}")
@@ -268,7 +272,8 @@ def sbc(
                                    var_names)
     seeds = replicate_seeds(seed, int(n_replicates))
     tasks = {i: {"replicate": i, "seed": s} for i, s in enumerate(seeds)}
-    metadata = {"study": "sbc", "model_free": [rv.name for rv in model.free_RVs], "n_replicates": int(n_replicates), "seed": repr(seed),
+    metadata = {"study": "sbc", "model_free": [rv.name for rv in model.free_RVs], "n_replicates": int(n_replicates),
+                "seed": repr(seed),
                 "n_rank_draws": int(n_rank_draws), "parameters": list(replicate.parameters),
                 "sample_kwargs": {k: repr(v) for k, v in sorted(kwargs.items())}}
     result = run_study(replicate, tasks, client=client, store=store, metadata=metadata, retries=retries,
