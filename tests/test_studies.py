@@ -171,6 +171,28 @@ def test_sbc_on_a_cluster_equals_serial_and_resumes(client, tmp_path):
         studies.sbc(conjugate_model(), 5, client="serial", store=tmp_path, **kwargs)
 
 
+def normal_logp(value, mu):
+    return pm.logp(pm.Normal.dist(mu, 1.0), value)
+
+
+def custom_dist_model():
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 1.0)
+        pm.CustomDist("y", mu, logp=normal_logp, random=lambda mu, rng=None, size=None: rng.normal(mu, 1.0, size),
+                      observed=np.zeros(4))
+    return model
+
+
+def test_sbc_of_a_custom_distribution_runs_on_workers(client):
+    """pm.CustomDist (pn.Fenrir's base) registers its log-density in the building process only; the replicate
+    carries the registration to the workers (without it: "Logprob method not implemented")."""
+    kwargs = dict(sample_kwargs=SBC_KWARGS, n_rank_draws=50, seed=2, progress=False)
+    on_workers = studies.sbc(custom_dist_model(), 2, client=client, **kwargs)
+    assert on_workers.attrs["failed_replicates"] == []
+    np.testing.assert_array_equal(on_workers["mu"].values,
+                                  studies.sbc(custom_dist_model(), 2, client="serial", **kwargs)["mu"].values)
+
+
 def test_condition_on_data_replaces_array_and_pm_data_observations():
     with pm.Model() as model:
         mu = pm.Normal("mu")

@@ -20,6 +20,7 @@ import pymc as pm
 import pytensor.tensor as pt
 
 from pymc_pnode.studies.runner import run_study
+from pymc_pnode.studies.transport import PortableModels
 
 #: Posterior sampling of each replicate unless ``sample_kwargs`` says otherwise.
 DEFAULT_SAMPLE_KWARGS = dict(draws=500, tune=500, chains=2, cores=1, progressbar=False,
@@ -96,8 +97,7 @@ class SimulatedReplicate:
 
     def __init__(self, model: pm.Model, simulator: pm.Model, sample_kwargs: Mapping[str, Any], n_rank_draws: int,
                  var_names=None):
-        self.model = model
-        self.simulator = simulator
+        self._models = PortableModels(model=model, simulator=simulator)
         self.sample_kwargs = dict(sample_kwargs)
         self.n_rank_draws = n_rank_draws
         self.parameters = scalar_parameters(model, var_names)
@@ -108,6 +108,14 @@ class SimulatedReplicate:
             raise ValueError(f"simulator: has no variables named {missing} (it must draw every ranked free "
                              "variable and every observed variable of the model, by name)")
         self._draw = None
+
+    @property
+    def model(self) -> pm.Model:
+        return self._models["model"]
+
+    @property
+    def simulator(self) -> pm.Model:
+        return self._models["simulator"]
 
     def __getstate__(self):
         return {**self.__dict__, "_draw": None}
