@@ -80,8 +80,7 @@ def main():
 
     # 1. Overhead per task.
     _, serial_small = timed(lambda: [instant(i) for i in range(args.n_small)])
-    cluster, startup = timed(lambda: distributed.LocalCluster(n_workers=os.cpu_count(), threads_per_worker=1,
-                                                                dashboard_address=None))
+    cluster, startup = timed(studies.local_cluster)
     client = distributed.Client(cluster)
     _, runner_small = timed(lambda: studies.run_study(instant, range(args.n_small), client=client, progress=False))
     print("\n| tasks | serial loop s | runner s (cluster up) | overhead per task ms | cluster start-up s |")

@@ -31,6 +31,26 @@ def write(name: str, cells) -> None:
     nbformat.write(notebook(cells), HERE / f"calibration_{name}.ipynb")
 
 
+def standard_cells(study: str, parameters: str) -> list:
+    """Load the ranks; sampler diagnostics, uniformity tests, rank plots and coverage."""
+    return [
+        ("code", f"""MODELS = list(M.SAMPLE_KWARGS["{study}"])
+ranks = R.load("{study}", MODELS)
+R.sampler_table(ranks)"""),
+        ("md", """## 1. Did the sampler do its job?
+
+Before reading ranks as a verdict on a likelihood, the table above says how often the sampler itself was in
+doubt (divergences, R-hat, bulk ESS below the 100 draws each rank is taken among)."""),
+        ("md", "## 2. Uniformity of the ranks"),
+        ("code", "R.uniformity_table(ranks)"),
+        ("code", f"""n = ranks[MODELS[0]].sizes["replicate"]
+fig = R.plot(ranks, f"Study {study}: SBC ranks of {parameters}, {{n}} replicates")
+plt.show()"""),
+        ("md", "## 3. Coverage of central posterior intervals"),
+        ("code", "R.coverage_table(ranks)"),
+    ]
+
+
 FENRIR = [
     ("md", """# Are PN posteriors calibrated? Fenrir against a coarse Runge–Kutta likelihood (SBC)
 
@@ -57,19 +77,7 @@ faster for each, measured). The fits ran on a local dask cluster (2 workers) wit
 `python case_studies/calibration_studies.py A`; this notebook only loads the saved ranks
 (`results/sbc_A_*.nc`; the per-replicate record is in `results/sbc_A_*/results.jsonl`)."""),
     "SETUP",
-    ("code", """MODELS = list(M.SAMPLE_KWARGS["A"])
-ranks = R.load("A", MODELS)
-R.sampler_table(ranks)"""),
-    ("md", """## 1. Did the sampler do its job?
-
-Before reading ranks as a verdict on a likelihood, the table above says how often the sampler itself was in
-doubt (divergences, R-hat, bulk ESS below the 100 draws each rank is taken among)."""),
-    ("md", "## 2. Uniformity of the ranks"),
-    ("code", "R.uniformity_table(ranks)"),
-    ("code", """fig = R.plot(ranks, "Study A: SBC ranks of (β, δ), 200 replicates")
-plt.show()"""),
-    ("md", "## 3. Coverage of central posterior intervals"),
-    ("code", "R.coverage_table(ranks)"),
+    *standard_cells("A", "(β, δ)"),
     ("md", """## 4. Why: the solver error at the true parameters
 
 For the first 20 replicates, at their true (β, δ) and simulated data: the RK4 error at step 1.0 in noise sds,
@@ -114,7 +122,114 @@ print(f"notebook run time: {(time.time() - NOTEBOOK_START) / 60:.1f} min")"""),
     ("md", "VERDICT_A"),
 ]
 
-NOTEBOOKS = {"fenrir": FENRIR}
+CHKREBTII = [
+    ("md", """# Is Chkrebtii's probabilistic solution layer calibrated? ODE (6) against Euler on the same grid (SBC)
+
+Chkrebtii et al. (2016) argue that a deterministic solver on a coarse grid gives over-confident posteriors and
+that their probabilistic solution layer, which samples solution realisations as a latent layer, does not
+(their headline experiment is the heat equation; this is their ODE (6) toy problem). Simulation-based
+calibration (Talts et al., 2018) checks this directly: 200 replicates of θ from the prior, data from the
+exact solution plus noise, the posterior of each model, and the rank of the true θ among 100 posterior draws.
+
+**Model** (`calibration_models.py`, study B). `u'' = sin(θt) − u`, u(0) = −1, u'(0) = 0, t ∈ [0, 10];
+θ ~ LogNormal(log 2, 0.05); u observed at t = 0.5, 1, …, 10 with known noise sd 0.1. **Simulator**:
+`pn.DifferentialEquation` (DOPRI5, rtol 1e-8) plus noise. **Inference models** on a grid of N = 41 points
+(h = 0.25), same priors and data sets:
+
+| model | likelihood |
+| --- | --- |
+| `chkrebtii` | `pn.ChkrebtiiSolution`, library default: uniform kernel, λ = 2h, α = N, exact interrogations |
+| `chkrebtii_se` | `pn.ChkrebtiiSolution`, the paper's Figure 3 prior: SE kernel, λ = 0.8, α = 5, the paper's rule |
+| `deterministic` | Gaussian likelihood around Euler on the same grid (`pn.rk_solve`, method "euler", step 0.25) |
+
+Each replicate: `pm.sample`, 2 chains × (400 tuning + 300 draws); NUTS samples θ jointly with the layer's
+innovations (only θ is ranked: the exact simulator has no innovations). Produced by
+`python case_studies/calibration_studies.py B` on a local dask cluster; this notebook loads `results/sbc_B_*.nc`.
+The prior sd of θ is 0.05: at 0.1 the likelihood in θ of `sin(θt)` was multimodal and chains disagreed
+(R-hat 1.8 in one of three trial replicates)."""),
+    "SETUP",
+    *standard_cells("B", "θ"),
+    ("md", """## 4. Why: solver error against the spread the layer claims
+
+For the first 10 replicates' true θ: the largest error of Euler on the grid, in noise sds; and for each layer
+setting, 200 realisations at the true θ (`pn.chkrebtii_sample`): the largest error of their mean and their
+largest standard deviation, in noise sds. A layer whose spread is far below its error cannot be calibrated."""),
+    ("code", """import pymc_pnode as pn
+from scipy.integrate import solve_ivp
+from pymc_pnode.classical import FixedStepSolver
+from pymc_pnode.studies.sbc import SimulatedReplicate
+
+replicate = SimulatedReplicate(M.study_b_models(np.zeros(M.B_TIMES.size))["deterministic"], M.study_b_simulator(),
+                               {}, 100, ["theta"])
+euler = FixedStepSolver(M.ODE6, M.B_TIMES, method="euler", step=M.B_H)
+layers = {"chkrebtii": dict(kernel="uniform", lam=M.B_LAM, alpha=M.B_ALPHA, noise="zero"), "chkrebtii_se": M.B_SE}
+rows = []
+for seed in ranks["deterministic"]["seed"].values[:10]:
+    theta = float(replicate.simulate(int(seed))[0]["theta"])
+    exact = solve_ivp(lambda t, x: M.ODE6.f(x, t, [theta]), M.B_T_SPAN, M.B_Y0, t_eval=M.B_TIMES, method="DOP853",
+                      rtol=1e-12, atol=1e-12).y[0]
+    row = {"theta": theta, "Euler max error / sd": np.abs(euler.solve(M.B_Y0, [theta])[:, 0] - exact).max() / M.B_SIGMA}
+    for name, settings in layers.items():
+        draws = pn.chkrebtii_sample(M.ODE6, M.B_Y0, [theta], M.B_T_SPAN, n_grid=M.B_N_GRID, times=M.B_TIMES, size=200,
+                                    rng=int(seed) % 2**31, **settings)[:, :, 0]
+        row[f"{name}: mean error / sd"] = np.abs(draws.mean(0) - exact).max() / M.B_SIGMA
+        row[f"{name}: spread / sd"] = draws.std(0).max() / M.B_SIGMA
+    rows.append(row)
+pd.DataFrame(rows)"""),
+    ("code", 'print(f"notebook run time: {(time.time() - NOTEBOOK_START) / 60:.1f} min")'),
+    ("md", "VERDICT_B"),
+]
+
+MATSUDA = [
+    ("md", """# Are monotone discretisation-error variances calibrated? Matsuda & Miyatake's likelihood (SBC)
+
+Matsuda & Miyatake (2021) model the error of a fixed-step solver as extra observation variance that grows
+with time, `y_k ~ N(H x̃_k(θ), γ² + σ²_k)` with σ²_1 ≤ σ²_2 ≤ …, estimated by IRLS with isotonic regression.
+`DiscretizationErrorNormal` puts a prior on the monotone variances and samples (θ, σ²) with NUTS. The paper
+is not Bayesian and reports no calibration; here simulation-based calibration (Talts et al., 2018) checks the
+posterior of θ over 200 replicates: θ from the prior, data from the exact solution plus noise.
+
+**Model** (`calibration_models.py`, study C). FitzHugh–Nagumo in the paper's form,
+`V' = c(V − V³/3 + R)`, `R' = −(V − a + bR)/c`, y(0) = (−1, −1); θ = (a, b, c) ~ LogNormal(log(0.2, 0.2, 3),
+(0.3, 0.3, 0.1)); V observed at t = 0.4, 0.8, …, 12 with known noise variance γ² = 0.01. **Simulator**:
+`pn.DifferentialEquation` (DOPRI5, rtol 1e-8) plus noise. **Inference models**, both with explicit Euler at
+step 0.2 (the step of `matsuda_bayesian.ipynb`):
+
+| model | likelihood |
+| --- | --- |
+| `monotone` | `DiscretizationErrorNormal` with its default monotone-variance prior |
+| `sigma2_zero` | the same with σ²_k ≡ 0: the conventional likelihood that ignores the solver error |
+
+Each replicate: 2 chains × (300 tuning + 300 draws), target_accept 0.9; nutpie for `monotone`, `pm.sample`
+for `sigma2_zero`. Produced by `python case_studies/calibration_studies.py C` on a local dask cluster; this
+notebook loads `results/sbc_C_*.nc`."""),
+    "SETUP",
+    *standard_cells("C", "(a, b, c)"),
+    ("md", """## 4. Why: the Euler error at the true parameters
+
+For the first 20 replicates' true θ: the largest error of Euler (step 0.2) in V at the observation times, in
+noise sds, and the time at which it is largest."""),
+    ("code", """from scipy.integrate import solve_ivp
+from pymc_pnode.classical import FixedStepSolver
+from pymc_pnode.studies.sbc import SimulatedReplicate
+
+replicate = SimulatedReplicate(M.study_c_models(np.zeros(M.C_TIMES.size))["sigma2_zero"], M.study_c_simulator(),
+                               {}, 100, ["theta"])
+euler = FixedStepSolver(M.FHN_ODE, M.C_TIMES, method="euler", step=M.C_EULER_STEP)
+rows = []
+for seed in ranks["sigma2_zero"]["seed"].values[:20]:
+    theta = replicate.simulate(int(seed))[0]["theta"]
+    exact = solve_ivp(lambda t, x: M.FHN_ODE.f(x, t, theta), (0, M.C_TIMES[-1]), M.C_Y0, t_eval=M.C_TIMES,
+                      method="DOP853", rtol=1e-12, atol=1e-12).y[0]
+    error = np.abs(euler.solve(M.C_Y0, theta)[:, 0] - exact) / np.sqrt(M.C_NOISE_VAR)
+    rows.append({"a": theta[0], "b": theta[1], "c": theta[2], "Euler max error / sd": error.max(),
+                 "at t": M.C_TIMES[error.argmax()], "mean error / sd": error.mean()})
+pd.DataFrame(rows).describe().loc[["50%", "min", "max"]]"""),
+    ("code", 'print(f"notebook run time: {(time.time() - NOTEBOOK_START) / 60:.1f} min")'),
+    ("md", "VERDICT_C"),
+]
+
+NOTEBOOKS = {"fenrir": FENRIR, "chkrebtii": CHKREBTII, "matsuda": MATSUDA}
 
 if __name__ == "__main__":
     for name, cells in NOTEBOOKS.items():

@@ -12,7 +12,6 @@ Run: ``python case_studies/calibration_studies.py A [B C] [--replicates 200] [--
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import warnings
@@ -62,8 +61,7 @@ def main():
     RESULTS.mkdir(exist_ok=True)
     import distributed
 
-    with distributed.LocalCluster(n_workers=os.cpu_count(), threads_per_worker=1, dashboard_address=None) as cluster, \
-            distributed.Client(cluster) as client:
+    with studies.local_cluster() as cluster, distributed.Client(cluster) as client:
         for study in args.studies:
             run(study, args.replicates, args.models, client)
 

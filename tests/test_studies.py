@@ -23,7 +23,7 @@ distributed = pytest.importorskip("distributed")
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    cluster = studies.local_cluster(n_workers=2)
     client = distributed.Client(cluster)
     yield client
     client.close()

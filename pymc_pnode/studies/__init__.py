@@ -7,10 +7,10 @@
 """
 
 from pymc_pnode.studies.ranks import ecdf_band, interval_coverage, plot_ranks, rank_uniformity
-from pymc_pnode.studies.runner import StudyResult, StudyWarning, run_study
+from pymc_pnode.studies.runner import StudyResult, StudyWarning, local_cluster, run_study
 from pymc_pnode.studies.sbc import condition_on_data, sbc
 from pymc_pnode.studies.store import StudyStore
 from pymc_pnode.studies.transport import PortableModels
 
 __all__ = ["PortableModels", "StudyResult", "StudyStore", "StudyWarning", "condition_on_data", "ecdf_band",
-           "interval_coverage", "plot_ranks", "rank_uniformity", "run_study", "sbc"]
+           "interval_coverage", "local_cluster", "plot_ranks", "rank_uniformity", "run_study", "sbc"]

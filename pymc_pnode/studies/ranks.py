@@ -171,8 +171,8 @@ def plot_ranks(ranks, *, kind: str = "ecdf", parameters=None, alpha: float = 0.0
             bins = int(max(2, min(20, n // 5, L + 1)))
             edges = np.linspace(0, L + 1, bins + 1).round().astype(int)
             p = np.diff(edges) / (L + 1)
-            ax.fill_between(edges[:-1], stats.binom.ppf(0.005, n, p), stats.binom.ppf(0.995, n, p), color="0.85",
-                            step="post")
+            low, high = stats.binom.ppf(0.005, n, p), stats.binom.ppf(0.995, n, p)
+            ax.fill_between(edges, np.append(low, low[-1]), np.append(high, high[-1]), color="0.85", step="post")
             ax.hist(r, bins=edges, histtype="step", label=label)
             ax.set_xlabel("rank")
         ax.set_title(name, fontsize=9)

@@ -79,8 +79,8 @@ def run_study(
         Task descriptions (small, picklable: seeds, settings), by key (``int`` or ``str``); a sequence is
         keyed by position.
     client : distributed.Client, str, "serial" or None
-        Where to run: ``None`` starts a ``LocalCluster`` with one single-threaded worker process per core
-        (closed afterwards); a ``Client``; a scheduler address such as ``"tcp://10.0.0.5:8786"`` (connected
+        Where to run: ``None`` starts a :func:`local_cluster` (one single-threaded worker process per core;
+        closed afterwards); a ``Client``; a scheduler address such as ``"tcp://10.0.0.5:8786"`` (connected
         and closed afterwards); ``"serial"`` runs the tasks one after the other in this process.
     store : str, Path or StudyStore, optional
         Directory of the study's record. Each finished task is written there before the next one is
@@ -192,20 +192,32 @@ def _run_distributed(func, keyed, pending, client, retries, warm_up, description
             _close(client)
 
 
+def local_cluster(n_workers: int | None = None):
+    """A ``distributed.LocalCluster`` for studies: one single-threaded worker process per core (or
+    ``n_workers``), no dashboard, and two dask defaults changed because they slow PyMC fits down.
+
+    - dask sets ``MALLOC_TRIM_THRESHOLD_=65536`` in its workers: Fenrir NUTS fits took 34–36 s with it against
+      28–31 s without (``benchmarks/study_runner.py``), memory being returned to the system and faulted back;
+    - without a dashboard the workers' statistical profiler, which samples the running task's stack every 10 ms
+      while holding the GIL, serves nothing.
+    """
+    import dask
+    from distributed import LocalCluster
+
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+    environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    settings = {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False}
+    with dask.config.set(settings):  # read by each nanny when it is created, kept for its restarts
+        return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                            dashboard_address=None)
+
+
 def _connect(client):
     """A ``(client, owned)`` pair: the given client, or one started here that the caller must close."""
-    import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     if client is None:
-        # dask sets MALLOC_TRIM_THRESHOLD_=65536 in its workers: measured 17 % slower PyMC fits (34-36 s against
-        # 28-31 s, Fenrir NUTS, benchmarks/study_runner.py), from memory returned to the system and faulted back.
-        environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
-        environ.pop("MALLOC_TRIM_THRESHOLD_", None)
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
-            cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                                   dashboard_address=None)
-        return Client(cluster), True
+        return Client(local_cluster()), True
     if isinstance(client, str):
         return Client(client), True
     return client, False
