@@ -50,6 +50,12 @@ def _null_tails(n: int, n_rank_draws: int, n_simulations: int, seed: int) -> np.
     return _ecdf_tail(_ecdf_counts(simulated, n_rank_draws), n, probabilities)
 
 
+def _bin_edges(n: int, n_rank_draws: int, n_bins: int | None = None) -> np.ndarray:
+    """Edges of bins of consecutive ranks: ``n_bins``, or at most 20 with at least 5 expected ranks each."""
+    bins = n_bins or int(max(2, min(20, n // 5, n_rank_draws + 1)))
+    return np.linspace(0, n_rank_draws + 1, bins + 1).round().astype(int)
+
+
 def rank_uniformity(ranks, *, n_bins: int | None = None, n_simulations: int = 2000, seed: int = 0):
     """Tests of uniform ranks, one row per parameter.
 
@@ -76,8 +82,7 @@ def rank_uniformity(ranks, *, n_bins: int | None = None, n_simulations: int = 20
     L = _n_rank_draws(ranks)
     names = _parameters(ranks)
     n = int(ranks.sizes["replicate"])
-    bins = n_bins or int(max(2, min(20, n // 5, L + 1)))
-    edges = np.linspace(0, L + 1, bins + 1).round().astype(int)
+    edges = _bin_edges(n, L, n_bins)
     expected = n * np.diff(edges) / (L + 1)
     null = _null_tails(n, L, n_simulations, seed)
     probabilities = (np.arange(L) + 1) / (L + 1)
@@ -168,8 +173,7 @@ def plot_ranks(ranks, *, kind: str = "ecdf", parameters=None, alpha: float = 0.0
             ax.axhline(0, color="0.5", lw=0.6)
             ax.set_xlabel("fractional rank")
         else:
-            bins = int(max(2, min(20, n // 5, L + 1)))
-            edges = np.linspace(0, L + 1, bins + 1).round().astype(int)
+            edges = _bin_edges(n, L)
             p = np.diff(edges) / (L + 1)
             low, high = stats.binom.ppf(0.005, n, p), stats.binom.ppf(0.995, n, p)
             ax.fill_between(edges, np.append(low, low[-1]), np.append(high, high[-1]), color="0.85", step="post")

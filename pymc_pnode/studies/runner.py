@@ -124,8 +124,8 @@ def run_study(
         store.record(key, rows)
         bar.update(1)
 
-    def failed(key, error: BaseException | str, trace: str, attempts: int) -> None:
-        failures[key] = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    def failed(key, error: BaseException, trace: str, attempts: int) -> None:
+        failures[key] = f"{type(error).__name__}: {error}"
         store.record_failure(key, failures[key], trace, attempts)
         bar.update(1)
         bar.set_postfix(failed=len(failures))
