@@ -39,6 +39,15 @@ def sampler_table(ranks: dict[str, xr.Dataset], min_ess: float = 100.0) -> pd.Da
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
+def well_mixed(ranks: dict[str, xr.Dataset], max_rhat: float = 1.05, min_ess: float = 100.0) -> dict[str, xr.Dataset]:
+    """Only the replicates whose sampler was not in doubt (R-hat ≤ ``max_rhat``, bulk ESS ≥ ``min_ess``).
+
+    A check that a miscalibration is not the sampler's doing; selecting replicates by their diagnostics can itself
+    bias the ranks, so this is a diagnostic, not a calibration test."""
+    kept = {name: ((r["rhat_max"] <= max_rhat) & (r["ess_bulk_min"] >= min_ess)).values for name, r in ranks.items()}
+    return {name: r.isel(replicate=np.flatnonzero(kept[name])) for name, r in ranks.items()}
+
+
 def uniformity_table(ranks: dict[str, xr.Dataset]) -> pd.DataFrame:
     """χ² and simultaneous-ECDF p-values of uniform ranks, per model and parameter."""
     return pd.concat({name: studies.rank_uniformity(r) for name, r in ranks.items()}, names=["model", "parameter"])

@@ -127,7 +127,8 @@ def _wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return float(centre - half), float(centre + half)
+    # at p = 0 or 1 the exact limit is 0 or 1; rounding can leave it a hair outside
+    return float(max(centre - half, 0.0)), float(min(centre + half, 1.0))
 
 
 def ecdf_band(n: int, n_rank_draws: int, *, alpha: float = 0.05, n_simulations: int = 2000, seed: int = 0):
