@@ -15,6 +15,7 @@ import pytest
 
 from pymc_pnode import studies
 from pymc_pnode.studies.ranks import _ecdf_counts
+from pymc_pnode.studies.runner import _oversubscribed
 from pymc_pnode.studies.sbc import posterior_rank, replicate_seeds
 from pymc_pnode.studies.store import StudyStore
 
@@ -66,6 +67,14 @@ def test_cluster_equals_serial_and_a_killed_worker_loses_nothing(client, tmp_pat
     recorded = [json.loads(line)["task"] for line in (store / "results.jsonl").read_text().splitlines()]
     assert sorted(recorded) == list(range(8))  # every task recorded exactly once
     assert runs_of(tmp_path, 5) == 2  # the killed task ran again, elsewhere
+
+
+def test_warm_up_by_default_only_where_workers_outnumber_cores(client):
+    # two single-threaded workers on this machine: no more threads than cores (CI and here: 2 cores)
+    assert _oversubscribed(client) is (2 > (os.cpu_count() or 1))
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=(os.cpu_count() or 1) + 1, processes=False,
+                                  dashboard_address=None) as crowded, distributed.Client(crowded) as crowded_client:
+        assert _oversubscribed(crowded_client)
 
 
 def test_failures_are_reported_and_a_rerun_repeats_only_unfinished_tasks(client, tmp_path):

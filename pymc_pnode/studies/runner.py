@@ -10,6 +10,7 @@ which worker ran what, or on how often a task had to be started.
 from __future__ import annotations
 
 import os
+import socket
 import time
 import traceback
 import warnings
@@ -63,7 +64,7 @@ def run_study(
     store=None,
     metadata: Mapping[str, Any] | None = None,
     retries: int = 2,
-    warm_up: bool = True,
+    warm_up: bool | None = None,
     progress: bool = True,
     description: str = "study",
 ) -> StudyResult:
@@ -92,9 +93,12 @@ def run_study(
         Extra attempts for a task that raises. A worker that dies is replaced by its nanny and its tasks run
         elsewhere (dask's ``distributed.scheduler.allowed-failures``). Tasks that still fail are reported
         in :attr:`StudyResult.failures`, in the store and by a :class:`StudyWarning`.
-    warm_up : bool, default True
+    warm_up : bool, optional
         Run the first pending task alone before the others, so that the numba and PyTensor disk caches it
-        fills are loaded, not compiled again, by the other workers.
+        fills are loaded, not compiled again, by the other workers. Default: only when some machine of the
+        cluster runs more worker threads than it has cores — there concurrent cold compiles would compete for
+        cores; with at most one worker thread per core (``local_cluster()``) they run side by side in the
+        time of one, and warming up would only leave the other workers idle for the first task.
     progress : bool, default True
         Show a progress bar of finished tasks.
     description : str
@@ -171,6 +175,8 @@ def _run_distributed(func, keyed, pending, client, retries, warm_up, description
             return client.submit(_call, shared_func, keyed[key], key=f"{prefix}-{task_id(key)}", retries=retries,
                                  pure=False)
 
+        if warm_up is None:
+            warm_up = _oversubscribed(client)
         first = 1 if warm_up and len(pending) > 1 else 0
         batches = [pending[:first], pending[first:]] if first else [pending]
         for batch in batches:
@@ -190,6 +196,19 @@ def _run_distributed(func, keyed, pending, client, retries, warm_up, description
     finally:
         if owned:
             _close(client)
+
+
+def _machine() -> tuple[str, int]:
+    return socket.gethostname(), os.cpu_count() or 1
+
+
+def _oversubscribed(client) -> bool:
+    """Whether some machine of the cluster runs more worker threads than it has cores."""
+    threads = client.nthreads()
+    load: dict[str, list[int]] = {}
+    for address, (host, cores) in client.run(_machine).items():
+        load.setdefault(host, [0, cores])[0] += threads.get(address, 1)
+    return any(used > cores for used, cores in load.values())
 
 
 def local_cluster(n_workers: int | None = None):
