@@ -28,6 +28,8 @@ _LAZY = {
     "fit": "pymc_pnode.optimize",
     "diffusion_tempering": "pymc_pnode.optimize",
     "tempering_schedule": "pymc_pnode.optimize",
+    "EstimationResult": "pymc_pnode.estimation",
+    "results_table": "pymc_pnode.estimation",
     "posterior_trajectories": "pymc_pnode.trajectories",
     "ParallelTempering": "pymc_pnode.sampling",
     "sample_pt": "pymc_pnode.sampling",

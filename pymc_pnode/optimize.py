@@ -20,40 +20,56 @@ from pytensor.compile.sharedvalue import SharedVariable
 from tqdm.auto import tqdm
 
 from pymc_pnode._lbfgs import minimize_with_restarts
+from pymc_pnode.estimation import EstimationResult
 
 __all__ = ["FitResult", "TemperingResult", "diffusion_tempering", "fit", "tempering_schedule"]
 
 
-@dataclass
-class FitResult:
-    """Result of :func:`fit`.
+@dataclass(kw_only=True)
+class FitResult(EstimationResult):
+    """Result of :func:`fit`: an :class:`~pymc_pnode.estimation.EstimationResult` of a PyMC model.
+
+    ``theta`` holds the model's free variables flattened in model order (labels in ``theta_names``,
+    e.g. ``"sigma"``, ``"theta[2]"``); ``y0`` is ``None``; ``method`` is ``"map"`` or ``"mle"``;
+    ``n_function_evals`` counts evaluations of the objective with its gradient. ``result["name"]``
+    gives a variable of ``point``.
 
     Attributes
     ----------
     point : dict
-        Estimate in the model's constrained space (every free variable, by name).
-    objective : float
-        Maximised value (log-likelihood for ``"mle"``, log-posterior density for ``"map"``).
-    n_iterations, n_evaluations : int
-        Optimiser iterations and objective evaluations.
-    converged : bool
-        Whether the optimiser reported success.
-    message : str
-    wall_time : float
-        Seconds.
+        Estimate in the model's constrained space: every free variable and deterministic, by name.
+    history : list of float
+        The objective after each optimiser iteration.
     """
 
     point: dict
-    objective: float
-    n_iterations: int
-    n_evaluations: int
-    converged: bool
-    message: str
-    wall_time: float
     history: list = field(default_factory=list)
+
+    @classmethod
+    def from_point(cls, model: pm.Model, point: dict, **fields) -> FitResult:
+        """A result whose ``theta`` and ``theta_names`` are the free variables of ``model`` in ``point``."""
+        values, names = [], []
+        for rv in model.free_RVs:
+            value = np.asarray(point[rv.name], dtype=np.float64)
+            values.append(value.reshape(-1))
+            names += [rv.name] if value.ndim == 0 else [
+                f"{rv.name}[{', '.join(map(str, index))}]" for index in np.ndindex(value.shape)]
+        theta = np.concatenate(values) if values else np.zeros(0)
+        return cls(theta=theta, y0=None, theta_names=names, point=point, **fields)
+
+    @property
+    def n_evaluations(self) -> int:
+        """Alias of ``n_function_evals``."""
+        return self.n_function_evals
+
+    def estimates(self) -> dict[str, np.ndarray]:
+        return dict(self.point)
 
     def __getitem__(self, name: str):
         return self.point[name]
+
+
+_OBJECTIVE_NAMES = {"map": "log-posterior density (no Jacobian terms)", "mle": "log-likelihood"}
 
 
 class _EarlyStop(Exception):
@@ -143,15 +159,19 @@ def fit(
             ip[value_var.name] = value
     x0 = np.concatenate([np.ravel(ip[v.name]) for v in fn.value_vars]).astype(float)
     history: list[float] = []
-    state = {"x": x0}
+    state = {"x": x0, "evaluations": 0, "last": (None, None)}
 
     def fun(x):
         logp, dlogp = fn(x)
+        state["evaluations"] += 1
+        state["last"] = (np.array(x), -float(logp))
         return -float(logp), -np.asarray(dlogp, dtype=float)
 
     def callback(xk):
         state["x"] = np.array(xk)
-        history.append(-fun(xk)[0])
+        last_x, last_value = state["last"]
+        # the optimiser has usually just evaluated its new iterate: do not evaluate it again
+        history.append(-(last_value if last_x is not None and np.array_equal(last_x, xk) else fun(xk)[0]))
         if early_stop is not None and len(history) >= 4:
             if np.all(np.abs(np.diff(history[-4:])) < early_stop):
                 raise _EarlyStop
@@ -163,7 +183,7 @@ def fit(
             options = {} if tol is None else {"ftol": tol, "gtol": tol}
             res = minimize_with_restarts(fun, x0, is_stationary=_stationary, maxiter=maxiter,
                                          callback=callback, **options)
-            x, nit, nfev, ok = res.x, res.nit, res.nfev, res.stationary
+            x, nit, ok = res.x, res.nit, res.stationary
             msg = res.message + (f"; {res.restarts} restart(s) after line-search stalls" if res.restarts else "")
         else:
             def finite(x):
@@ -172,14 +192,16 @@ def fit(
 
             res = scipy.optimize.minimize(finite, x0, jac=True, method=method, tol=tol,
                                           options={"maxiter": maxiter}, callback=callback)
-            x, nit, nfev, ok, msg = res.x, res.nit, res.nfev, bool(res.success), str(res.message)
+            x, nit, ok, msg = res.x, res.nit, bool(res.success), str(res.message)
     except _EarlyStop:
-        x, nit, nfev = state["x"], len(history), -1
+        x, nit = state["x"], len(history)
         ok, msg = True, "early stopping: objective changes below threshold"
     elapsed = time.perf_counter() - t0
     value = -fun(x)[0]
-    point = _constrained_point(model, fn, x)
-    return FitResult(point, float(value), int(nit), int(nfev), ok, msg, elapsed, history)
+    return FitResult.from_point(
+        model, _constrained_point(model, fn, x), objective=value, n_iterations=nit, wall_time=elapsed,
+        converged=ok, message=msg, method=objective, objective_name=_OBJECTIVE_NAMES[objective],
+        n_function_evals=state["evaluations"], history=history)
 
 
 def _stationary(x: np.ndarray, f: float, g: np.ndarray) -> bool:
@@ -213,22 +235,21 @@ def tempering_schedule(kind: str = "linear") -> np.ndarray:
     raise ValueError(f"schedule must be 'linear', 'exponential' or 'thesis', got {kind!r}")
 
 
-@dataclass
-class TemperingResult:
-    """Result of :func:`diffusion_tempering`: the final fit and one :class:`FitResult` per stage."""
+@dataclass(kw_only=True)
+class TemperingResult(FitResult):
+    """Result of :func:`diffusion_tempering`: a :class:`FitResult` at the final estimate (``point``: the
+    last stage's, or the last finite stage's if the final objective was not finite), with the
+    iterations and evaluations of all stages summed, and one :class:`FitResult` per stage.
 
-    point: dict
-    objective: float
+    Attributes
+    ----------
+    schedule : ndarray
+        The diffusions of the stages.
+    stages : list of FitResult
+    """
+
     schedule: np.ndarray
     stages: list
-    wall_time: float
-
-    @property
-    def n_iterations(self) -> int:
-        return sum(s.n_iterations for s in self.stages)
-
-    def __getitem__(self, name: str):
-        return self.point[name]
 
 
 def diffusion_tempering(
@@ -275,6 +296,7 @@ def diffusion_tempering(
         raise ValueError("schedule must be a non-increasing sequence of positive diffusions")
     stages: list[FitResult] = []
     point = dict(start) if start else None
+    finite_stage = False
     t0 = time.perf_counter()
     bar = tqdm(values, desc="diffusion tempering", disable=not progressbar)
     for i, kappa in enumerate(bar):
@@ -283,7 +305,14 @@ def diffusion_tempering(
         result = fit(model, objective=objective, start=point, maxiter=maxiter,
                      early_stop=None if (last or not early_stopping) else early_stop_threshold)
         if np.isfinite(result.objective):
-            point = result.point
+            point, finite_stage = result.point, True
         stages.append(result)
         bar.set_postfix(kappa=f"{kappa:.1e}", objective=f"{result.objective:.2f}")
-    return TemperingResult(point, stages[-1].objective, values, stages, time.perf_counter() - t0)
+    final_stage = stages[-1]
+    # the last finite stage's estimate; if no stage was finite, the final stage's point
+    return TemperingResult.from_point(
+        model, point if finite_stage else final_stage.point, objective=final_stage.objective,
+        n_iterations=sum(r.n_iterations for r in stages), wall_time=time.perf_counter() - t0,
+        converged=final_stage.converged, message=final_stage.message, method="diffusion_tempering",
+        objective_name=final_stage.objective_name, n_function_evals=sum(r.n_function_evals for r in stages),
+        history=[r.objective for r in stages], schedule=values, stages=stages)

@@ -92,6 +92,9 @@ def test_irls_decreases_objective_monotonically_on_fitzhugh_nagumo(fhn_ode):
     # (0.197, 0.210, 2.998) (seed 3) and (0.195, 0.173, 3.006) (seed 4): b is weakly identified from
     # V alone; Euler-IRLS gives (0.195, 0.211, 2.946) and (0.187, 0.266, 2.924).
     assert np.all(np.abs(res.theta - theta) < [0.025, 0.1, 0.12]), res.theta
+    # The common result type: iterations counted, variances in the xarray form.
+    assert res.n_iterations == res.n_iter == 6 and res.n_ode_solves == 2 * res.n_function_evals
+    np.testing.assert_array_equal(res.to_xarray()["error_var"].values, res.error_var)
 
 
 def test_irls_recovers_lorenz_parameters(lorenz_ode):

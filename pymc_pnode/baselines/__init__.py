@@ -22,8 +22,8 @@ from pymc_pnode.baselines.multiple_shooting import (
     multiple_shooting,
     shooting_trajectories,
 )
-from pymc_pnode.baselines.result import EstimationResult, results_table
 from pymc_pnode.baselines.sensitivities import ODESolution, adjoint_gradient, integrate
+from pymc_pnode.estimation import EstimationResult, results_table
 
 __all__ = [
     "DirectMethodObjective",

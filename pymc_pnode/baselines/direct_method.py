@@ -36,7 +36,7 @@ from pymc_pnode._codegen import MAT_FN, SIG_MAT, SIG_VEC, VEC_FN
 from pymc_pnode._jit import JIT
 from pymc_pnode.baselines._fastcall import bind_functions
 from pymc_pnode.baselines._inputs import validate_observations
-from pymc_pnode.baselines.result import EstimationResult
+from pymc_pnode.estimation import EstimationResult
 from pymc_pnode.validation import as_positive_float, as_positive_int, validate_bounds, validate_times
 
 __all__ = [

@@ -22,8 +22,8 @@ import numpy as np
 from pymc_pnode._lbfgs import FAILED_VALUE as _FAILED_VALUE  # returned for failed solves
 from pymc_pnode._lbfgs import minimize_with_restarts
 from pymc_pnode.baselines._inputs import validate_observations
-from pymc_pnode.baselines.result import EstimationResult
 from pymc_pnode.baselines.sensitivities import DEFAULT_MAX_NFEV, integrate, validate_method
+from pymc_pnode.estimation import EstimationResult
 from pymc_pnode.validation import as_positive_float, as_positive_int, validate_bounds
 
 __all__ = ["least_squares_objective", "rk_least_squares"]

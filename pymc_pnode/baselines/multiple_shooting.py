@@ -30,13 +30,13 @@ import numpy as np
 from scipy.optimize import minimize
 
 from pymc_pnode.baselines._inputs import validate_observations
-from pymc_pnode.baselines.result import EstimationResult
 from pymc_pnode.baselines.sensitivities import (
     DEFAULT_MAX_NFEV,
     adjoint_gradient,
     integrate,
     validate_method,
 )
+from pymc_pnode.estimation import EstimationResult
 from pymc_pnode.validation import as_positive_float, as_positive_int, validate_bounds
 
 __all__ = ["MultipleShootingProblem", "multiple_shooting", "shooting_trajectories"]

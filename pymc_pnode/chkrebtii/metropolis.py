@@ -29,7 +29,8 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_value_vars_from_user_vars
 
 from pymc_pnode.chkrebtii.layer import INNOVATIONS_TAG
-from pymc_pnode.chkrebtii.proposal import Algorithm2Proposal, metropolis_accept
+from pymc_pnode.chkrebtii.proposal import Algorithm2Proposal
+from pymc_pnode.sampling.acceptance import metropolis_accept
 
 __all__ = ["ChkrebtiiMetropolis", "innovation_variables"]
 
@@ -175,6 +176,11 @@ class ChkrebtiiMetropolis(ArrayStepShared):
             "diverged": not np.isfinite(logp1),
         }
         return RaveledVars(new, q0.point_map_info), [stats]
+
+    def stop_tuning(self) -> None:
+        """End of tuning: the scale is fixed at its dual-averaged value."""
+        super().stop_tuning()
+        self.proposal.stop_tuning()
 
     def reset_tuning(self) -> None:
         """Restart the adaptation schedule (PyMC calls this between chains)."""

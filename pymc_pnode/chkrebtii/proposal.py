@@ -4,15 +4,18 @@ Shared by the PyMC step :class:`~pymc_pnode.ChkrebtiiMetropolis` and the paralle
 :class:`~pymc_pnode.chkrebtii.tempering.ChkrebtiiReplicaMove`. Entries of the raveled position
 flagged as innovations are redrawn from their ``N(0, 1)`` prior (an independence proposal: a new
 realisation of the probabilistic solution), the others move by ``scale * L eps``. During tuning the
-scale follows a Robbins-Monro recursion on its logarithm towards ``target_accept`` and, optionally,
-``L L^T`` is re-estimated from the parameter draws at the end of doubling windows.
+scale and, optionally, ``L L^T`` adapt as the package's other random walks do
+(:class:`~pymc_pnode.sampling.adaptation.WindowedAdaptation`: dual averaging of the scale towards
+``target_accept``, the covariance of the parameter draws of doubling windows).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Algorithm2Proposal", "metropolis_accept"]
+from pymc_pnode.sampling.adaptation import WindowedAdaptation
+
+__all__ = ["Algorithm2Proposal"]
 
 
 class Algorithm2Proposal:
@@ -29,8 +32,9 @@ class Algorithm2Proposal:
     target_accept : float, optional
         Default 0.44 for one parameter, else 0.234.
     adapt_covariance : bool, default True
-        Re-estimate the proposal covariance during tuning (first window: 100 steps, then doubling),
-        after which the scale restarts at ``2.38 / sqrt(dim)``.
+        Re-estimate the proposal covariance during tuning (first window: 100 steps, then doubling;
+        shrunk towards its diagonal, so the parameters' scales do not matter), after which the scale
+        restarts at ``2.38 / sqrt(dim)``.
     """
 
     def __init__(self, innovation_mask, S=None, scaling: float = 0.1,
@@ -60,22 +64,31 @@ class Algorithm2Proposal:
             else:
                 raise ValueError(f"S must have shape ({nt},) or ({nt}, {nt}), got {S.shape}")
         self.chol = chol
-        self.scaling = float(scaling)
         self.target_accept = float(target_accept)
         self.adapt_covariance = bool(adapt_covariance)
-        self.reset_tuning()
+        self._adaptation = WindowedAdaptation(nt, float(scaling), self.target_accept,
+                                              adapt_metric=self.adapt_covariance, shrink="diagonal")
+        self._scaling = float(scaling)
+
+    @property
+    def scaling(self) -> float:
+        """Current scale multiplying ``L``."""
+        return self._scaling
+
+    @scaling.setter
+    def scaling(self, value: float) -> None:
+        """Set the scale and restart its adaptation there."""
+        self._scaling = float(value)
+        self._adaptation.restart(self._scaling)
 
     def reset_tuning(self) -> None:
-        """Restart the adaptation schedule (not the current scale and covariance)."""
-        self.n_tune_steps = 0
-        self.window_len = 100
-        self.window_end = 100
-        self._reset_moments()
+        """Restart the window schedule and the scale's averaging at the current scale (keeps the covariance)."""
+        self._adaptation.reset_windows()
+        self._adaptation.restart(self._scaling)
 
-    def _reset_moments(self) -> None:
-        self.cov_n = 0
-        self.cov_mean = np.zeros(self.n_theta)
-        self.cov_m2 = np.zeros((self.n_theta, self.n_theta))
+    def stop_tuning(self) -> None:
+        """Fix the scale at its dual-averaged value."""
+        self._scaling = self._adaptation.final_step
 
     def propose(self, x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
         """A proposal and ``log N(z') - log N(z)`` of its innovations (the independence-proposal term)."""
@@ -89,37 +102,12 @@ class Algorithm2Proposal:
 
     def adapt(self, accept_prob: float, x: np.ndarray) -> None:
         """One tuning update after a step that ended at ``x`` with acceptance probability ``accept_prob``."""
-        self.n_tune_steps += 1
-        gain = (self.n_tune_steps + 10.0) ** -0.6
-        self.scaling *= float(np.exp(gain * (accept_prob - self.target_accept) / self.target_accept))
-        if not self.adapt_covariance:
-            return
-        theta = np.asarray(x)[~self.innovation_mask]
-        self.cov_n += 1
-        delta = theta - self.cov_mean
-        self.cov_mean += delta / self.cov_n
-        self.cov_m2 += np.outer(delta, theta - self.cov_mean)
-        if self.n_tune_steps < self.window_end:
-            return
-        n, nt = self.cov_n, self.n_theta
-        if n > 2 * nt + 2:
-            cov = self.cov_m2 / (n - 1)
-            # Shrink towards the diagonal (few draws) and keep it positive definite.
-            cov = (n / (n + 5.0)) * cov + (5.0 / (n + 5.0)) * np.diag(np.diag(cov))
-            cov += 1e-10 * max(float(np.max(np.diag(cov))), 1e-300) * np.eye(nt)
+        covariance = self._adaptation.update(accept_prob, np.asarray(x)[~self.innovation_mask])
+        if covariance is not None:
             try:
-                self.chol = np.linalg.cholesky(cov)
-                self.scaling = 2.38 / np.sqrt(nt)
+                self.chol = np.linalg.cholesky(covariance)
             except np.linalg.LinAlgError:
                 pass  # keep the previous proposal shape
-        self.window_len *= 2
-        self.window_end = self.n_tune_steps + self.window_len
-        self._reset_moments()
-
-
-def metropolis_accept(log_ratio: float, rng: np.random.Generator) -> tuple[bool, float]:
-    """Accept with probability ``min(1, exp(log_ratio))`` (NaN counts as ``-inf``)."""
-    if not log_ratio > -np.inf:
-        return False, 0.0
-    prob = float(np.exp(min(0.0, log_ratio)))
-    return bool(np.log(rng.uniform()) < log_ratio), prob
+            else:
+                self._adaptation.restart(2.38 / np.sqrt(self.n_theta))
+        self._scaling = self._adaptation.step

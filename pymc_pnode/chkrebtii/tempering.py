@@ -16,7 +16,8 @@ import pymc as pm
 from pymc.util import get_value_vars_from_user_vars
 
 from pymc_pnode.chkrebtii.metropolis import innovation_variables
-from pymc_pnode.chkrebtii.proposal import Algorithm2Proposal, metropolis_accept
+from pymc_pnode.chkrebtii.proposal import Algorithm2Proposal
+from pymc_pnode.sampling.acceptance import metropolis_accept
 from pymc_pnode.sampling.moves import ReplicaMove
 
 __all__ = ["ChkrebtiiReplicaMove"]
@@ -80,6 +81,10 @@ class ChkrebtiiReplicaMove(ReplicaMove):
         if tune:
             self.proposal.adapt(accept_prob, new_state.x)
         return new_state, accept_prob
+
+    def stop_tuning(self) -> None:
+        """Fix the scale at its dual-averaged value."""
+        self.proposal.stop_tuning()
 
     @property
     def scale(self) -> float:

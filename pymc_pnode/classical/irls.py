@@ -28,6 +28,7 @@ from threadpoolctl import threadpool_limits
 
 from pymc_pnode.classical.isotonic import isotonic_weights, weight_objective
 from pymc_pnode.classical.rk import FixedStepSolver
+from pymc_pnode.estimation import EstimationResult
 from pymc_pnode.validation import validate_noise, validate_obs_matrix
 
 __all__ = ["STATIONARITY_TOL", "IRLSHistory", "IRLSResult", "WeightedLSProblem", "irls_fit"]
@@ -295,16 +296,23 @@ class IRLSHistory:
     lbfgs_messages: list[str] = field(default_factory=list)
 
 
-@dataclass
-class IRLSResult:
-    """Result of :func:`irls_fit`.
+@dataclass(kw_only=True)
+class IRLSResult(EstimationResult):
+    """Result of :func:`irls_fit`: an :class:`~pymc_pnode.estimation.EstimationResult` with the fitted
+    discretisation-error variances.
+
+    The common fields mean: ``theta``, ``y0`` the estimated (or, where fixed, given) parameters and
+    initial state; ``objective`` the final :math:`g(\\theta, w)` (:math:`-2\\log L` up to the constant
+    :math:`KJ\\log 2\\pi`); ``n_iterations`` the IRLS iterations performed (0 for the baseline; also
+    ``n_iter``); ``n_function_evals`` the forward solves, each with one adjoint pass (``n_ode_solves``
+    counts both), including the ``2 n_free + 1`` of the convergence check; ``method`` ``"irls"`` or
+    ``"baseline"``; ``converged`` whether the last weighted least-squares solve ended at a minimum: its
+    Newton decrement (see ``newton_decrement``) is at most ``1e-6`` (or ``1e-10`` times the weighted
+    residual sum). This says nothing about whether IRLS itself has settled (see
+    ``history.objective``) or whether the minimum is the global one.
 
     Attributes
     ----------
-    theta : ndarray, shape (n_theta,)
-        Estimated (or, where fixed, given) parameters.
-    y0 : ndarray, shape (n_states,)
-        Estimated (or fixed) initial state.
     weights : ndarray, shape (K, J)
         Final weights :math:`w_{k,j} = 1/(\\gamma_j^2 + \\sigma_{k,j}^2)`, non-increasing in k.
     error_var : ndarray, shape (K, J)
@@ -313,55 +321,37 @@ class IRLSResult:
     noise_var : ndarray, shape (J,)
         The noise variances used; with ``noise_var_is_lower_bound=True`` the estimates
         :math:`1/w_{1,j}`.
-    objective : float
-        Final :math:`g(\\theta, w)` (:math:`-2\\log L` up to the constant :math:`KJ\\log 2\\pi`).
     fitted : ndarray, shape (K, n_states)
         Numerical solution at the observation times at the estimate.
     history : IRLSHistory
         Iteration history.
-    n_iter : int
-        Number of IRLS iterations performed (0 for the baseline).
-    converged : bool
-        Whether the last weighted least-squares solve ended at a minimum: its Newton decrement
-        (see ``newton_decrement``) is at most ``1e-6`` (or ``1e-10`` times the weighted residual
-        sum). This says nothing about whether IRLS itself has settled (see ``history.objective``)
-        or whether the minimum is the global one.
-    message : str
-        Termination summary.
-    wall_time : float
-        Seconds.
-    n_function_evals : int
-        Forward solves (each with one adjoint pass), including the ``2 n_free + 1`` of the
-        convergence check.
     param_names : list of str
         Names of the estimated entries of ``[y0, theta]`` (``"y0[i]"``, ``"theta[i]"``).
     problem : WeightedLSProblem
         The problem definition, reused by :func:`~pymc_pnode.classical.profile.profile_intervals`.
-    method : str
-        ``"irls"`` or ``"baseline"``.
     newton_decrement : float
         Decrease of the weighted residual sum that one more Newton step would achieve at the
         estimate (Hessian by differences of the exact gradient), in units of
         :math:`g = -2 \\log L`; ``inf`` if the Hessian is not positive semi-definite.
     """
 
-    theta: np.ndarray
-    y0: np.ndarray
     weights: np.ndarray
     error_var: np.ndarray
     noise_var: np.ndarray
-    objective: float
     fitted: np.ndarray
     history: IRLSHistory
-    n_iter: int
-    converged: bool
-    message: str
-    wall_time: float
-    n_function_evals: int
     param_names: list[str]
     problem: WeightedLSProblem = field(repr=False)
-    method: str = "irls"
     newton_decrement: float = math.nan
+
+    @property
+    def n_iter(self) -> int:
+        """Alias of ``n_iterations``."""
+        return self.n_iterations
+
+    def estimates(self) -> dict[str, np.ndarray]:
+        """``theta``, ``y0``, the discretisation-error variances ``error_var`` and ``noise_var``."""
+        return {**super().estimates(), "error_var": self.error_var, "noise_var": self.noise_var}
 
     @property
     def params(self) -> np.ndarray:
@@ -379,13 +369,6 @@ class IRLSResult:
         from pymc_pnode.classical.profile import profile_intervals
 
         return profile_intervals(self, **kwargs)
-
-    def __repr__(self) -> str:
-        return (
-            f"IRLSResult(method={self.method!r}, n_iter={self.n_iter}, objective={self.objective:.6g}, "
-            f"theta={np.array2string(self.theta, precision=5)}, "
-            f"y0={np.array2string(self.y0, precision=5)}, converged={self.converged})"
-        )
 
 
 #: Largest Newton decrement (in units of g = -2 log L) of a converged fit.
@@ -591,11 +574,13 @@ def irls_fit(
         objective=float(g),
         fitted=fitted,
         history=hist,
-        n_iter=n_done,
+        n_iterations=n_done,
         converged=bool(converged),
         message=message,
         wall_time=time.perf_counter() - start,
         n_function_evals=problem.n_evals,
+        n_ode_solves=2 * problem.n_evals,
+        objective_name="g = -2 log L - KJ log 2 pi",
         param_names=problem.free_names,
         problem=problem,
         method="irls" if n_iter > 0 else "baseline",

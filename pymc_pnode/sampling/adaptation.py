@@ -7,6 +7,9 @@
 * :class:`DoublingWindows` -- schedule of doubling estimation windows.  PyMC
   does not tell a step method how long tuning will last, so windows simply
   double in length and the last completed window wins.
+* :class:`WindowedAdaptation` -- the three together, as every adaptive move of the package tunes
+  (random-walk Metropolis, HMC, the Chkrebtii Algorithm-2 proposal): the step by dual averaging, the
+  metric from the draws of each closed window.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 
 import numpy as np
 
-__all__ = ["DoublingWindows", "DualAveraging", "WelfordCovariance"]
+__all__ = ["DoublingWindows", "DualAveraging", "WelfordCovariance", "WindowedAdaptation"]
 
 
 class DualAveraging:
@@ -118,20 +121,27 @@ class WelfordCovariance:
         else:
             self._m2 += np.outer(delta, x - self.mean)
 
-    def estimate(self) -> np.ndarray:
-        """Regularised (co)variance.
+    def estimate(self, shrink: str = "identity") -> np.ndarray:
+        """Regularised (co)variance ``w S + ...`` with ``w = n / (n + 5)``, positive definite for small ``n``.
 
-        Returns ``n / (n + 5) * S + 1e-3 * 5 / (n + 5) * I``, the shrinkage Stan
-        uses, which keeps the estimate positive definite for small ``n``.
+        ``shrink="identity"`` adds ``1e-3 (1 - w) I``, the shrinkage Stan uses for mass matrices of
+        unit-scale (unconstrained) parameters; ``shrink="diagonal"`` adds ``(1 - w) diag(S)`` (towards
+        the marginal variances, whatever the parameters' scale) and a ``1e-10`` relative jitter.
         """
         if self.n < 2:
             raise ValueError("At least two observations are needed for a covariance estimate.")
         sample = self._m2 / (self.n - 1)
         weight = self.n / (self.n + 5.0)
-        shrink = 1e-3 * 5.0 / (self.n + 5.0)
-        if self.diagonal:
-            return weight * sample + shrink
-        return weight * sample + shrink * np.eye(self.ndim)
+        if shrink == "identity":
+            shrunk = weight * sample + 1e-3 * (1.0 - weight) * (1.0 if self.diagonal else np.eye(self.ndim))
+        elif shrink == "diagonal":
+            variances = sample if self.diagonal else np.diag(sample)
+            shrunk = weight * sample + (1.0 - weight) * (variances if self.diagonal else np.diag(variances))
+            shrunk = shrunk + 1e-10 * max(float(np.max(variances)), 1e-300) * (
+                1.0 if self.diagonal else np.eye(self.ndim))
+        else:
+            raise ValueError(f"shrink must be 'identity' or 'diagonal', got {shrink!r}")
+        return shrunk
 
 
 class DoublingWindows:
@@ -157,3 +167,75 @@ class DoublingWindows:
             self.length *= 2
             return True
         return False
+
+
+class WindowedAdaptation:
+    """Step size by dual averaging and a metric re-estimated at the end of doubling windows.
+
+    The tuning schedule shared by the package's adaptive moves: every transition feeds its acceptance
+    probability to :class:`DualAveraging` and, with ``adapt_metric``, its end point to a
+    :class:`WelfordCovariance`; when a :class:`DoublingWindows` window closes with enough draws,
+    :meth:`update` returns the window's regularised (co)variance for the move to use (and restarts
+    the estimate), and the move decides how its step restarts under the new metric.
+
+    Parameters
+    ----------
+    ndim : int
+        Dimension of the adapted coordinates.
+    step : float
+        Initial step (scale or step size).
+    target : float
+        Target acceptance probability.
+    adapt_metric : bool, default True
+        Estimate a (co)variance from the draws.
+    diagonal : bool, default False
+        Only the marginal variances.
+    first_window : int, default 100
+        Length of the first window.
+    shrink : {"identity", "diagonal"}
+        Regularisation of the estimate, see :meth:`WelfordCovariance.estimate`.
+    """
+
+    def __init__(self, ndim: int, step: float, target: float, *, adapt_metric: bool = True,
+                 diagonal: bool = False, first_window: int = 100, shrink: str = "identity") -> None:
+        if shrink not in ("identity", "diagonal"):
+            raise ValueError(f"shrink must be 'identity' or 'diagonal', got {shrink!r}")
+        self.averaging = DualAveraging(step, target)
+        self.adapt_metric = bool(adapt_metric)
+        self.first_window = int(first_window)
+        self.shrink = shrink
+        self.windows = DoublingWindows(self.first_window)
+        self.draws = WelfordCovariance(ndim, diagonal=diagonal)
+
+    @property
+    def step(self) -> float:
+        """Step to use while tuning."""
+        return self.averaging.step
+
+    @property
+    def final_step(self) -> float:
+        """Averaged step to use after tuning."""
+        return self.averaging.final_step
+
+    def restart(self, step: float) -> None:
+        """Restart the step's averaging at ``step`` (a new metric, a tempered replica's wider start)."""
+        self.averaging.restart(step)
+
+    def reset_windows(self) -> None:
+        """Start the window schedule and the draws afresh (keeps the step)."""
+        self.windows = DoublingWindows(self.first_window)
+        self.draws.reset()
+
+    def update(self, accept_prob: float, x: np.ndarray) -> np.ndarray | None:
+        """Feed one transition ending at ``x``; the new metric estimate when a window has just closed."""
+        self.averaging.update(accept_prob)
+        if not self.adapt_metric:
+            return None
+        self.draws.add(np.asarray(x, dtype=np.float64))
+        if not self.windows.advance():
+            return None
+        # a full covariance needs more draws than dimensions to be non-singular
+        enough = self.draws.n > (2 if self.draws.diagonal else self.draws.ndim + 1)
+        estimate = self.draws.estimate(self.shrink) if enough else None
+        self.draws.reset()
+        return estimate

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from pymc_pnode.sampling.acceptance import metropolis_accept
-from pymc_pnode.sampling.adaptation import DoublingWindows, DualAveraging, WelfordCovariance
+from pymc_pnode.sampling.adaptation import WindowedAdaptation
 from pymc_pnode.sampling.moves import ReplicaMove
 from pymc_pnode.sampling.tempered_target import ReplicaState, TemperedTarget
 
@@ -79,11 +79,10 @@ class HamiltonianMove(ReplicaMove):
         step = self.initial_step_size
         if step is None:
             step = 0.25 / ndim**0.25 * min(beta**-0.5, 10.0)
-        self._adapter = DualAveraging(step, self.target_accept)
+        self._adaptation = WindowedAdaptation(ndim, step, self.target_accept, adapt_metric=self.adapt_mass,
+                                              diagonal=True, first_window=self.first_window)
         self._step_size = float(step)
         self.inv_mass = np.ones(ndim)
-        self._windows = DoublingWindows(self.first_window)
-        self._var = WelfordCovariance(ndim, diagonal=True)
         self.n_divergences = 0
 
     @property
@@ -100,7 +99,7 @@ class HamiltonianMove(ReplicaMove):
     ) -> tuple[ReplicaState, float]:
         """One HMC transition of the replica (see :meth:`ReplicaMove.step`)."""
         if tune:
-            self._step_size = self._adapter.step
+            self._step_size = self._adaptation.step
         eps = self._step_size * rng.uniform(0.9, 1.1)
         n_steps = int(np.clip(np.ceil(self.path_length / eps), 1, self.max_steps))
 
@@ -138,18 +137,12 @@ class HamiltonianMove(ReplicaMove):
         return new_state, accept_prob
 
     def _adapt(self, x: np.ndarray, accept_prob: float) -> None:
-        self._adapter.update(accept_prob)
-        if not self.adapt_mass:
-            return
-        self._var.add(x)
-        if not self._windows.advance():
-            return
-        if self._var.n > 2:
-            self.inv_mass = self._var.estimate()
+        variances = self._adaptation.update(accept_prob, x)
+        if variances is not None:
+            self.inv_mass = variances
             # The step size tuned for the old metric is stale; restart averaging from it.
-            self._adapter.restart(self._adapter.step)
-        self._var.reset()
+            self._adaptation.restart(self._adaptation.step)
 
     def stop_tuning(self) -> None:
         """Fix the step size at its dual-averaged value."""
-        self._step_size = self._adapter.final_step
+        self._step_size = self._adaptation.final_step

@@ -6,7 +6,7 @@ import numpy as np
 import scipy.linalg
 
 from pymc_pnode.sampling.acceptance import metropolis_accept
-from pymc_pnode.sampling.adaptation import DoublingWindows, DualAveraging, WelfordCovariance
+from pymc_pnode.sampling.adaptation import WindowedAdaptation
 from pymc_pnode.sampling.moves import ReplicaMove
 from pymc_pnode.sampling.tempered_target import ReplicaState, TemperedTarget
 
@@ -64,11 +64,10 @@ class RandomWalkMetropolis(ReplicaMove):
         scale = self.initial_scale
         if scale is None:
             scale = self._optimal_scale * min(beta**-0.5, 10.0)
-        self._adapter = DualAveraging(scale, self.target_accept)
+        self._adaptation = WindowedAdaptation(ndim, scale, self.target_accept, adapt_metric=self.adapt_covariance,
+                                              first_window=self.first_window)
         self._scale = float(scale)
         self.chol = None
-        self._windows = DoublingWindows(self.first_window)
-        self._cov = WelfordCovariance(ndim)
 
     @property
     def scale(self) -> float:
@@ -84,7 +83,7 @@ class RandomWalkMetropolis(ReplicaMove):
     ) -> tuple[ReplicaState, float]:
         """One Metropolis update of the replica (see :meth:`ReplicaMove.step`)."""
         if tune:
-            self._scale = self._adapter.step
+            self._scale = self._adaptation.step
         noise = rng.standard_normal(self.ndim)
         if self.chol is not None:
             noise = self.chol @ noise
@@ -97,22 +96,16 @@ class RandomWalkMetropolis(ReplicaMove):
         return new_state, accept_prob
 
     def _adapt(self, x: np.ndarray, accept_prob: float) -> None:
-        self._adapter.update(accept_prob)
-        if not self.adapt_covariance:
+        covariance = self._adaptation.update(accept_prob, x)
+        if covariance is None:
             return
-        self._cov.add(x)
-        if not self._windows.advance():
-            return
-        if self._cov.n > self.ndim + 1:
-            try:
-                self.chol = scipy.linalg.cholesky(self._cov.estimate(), lower=True)
-            except np.linalg.LinAlgError:
-                pass  # keep the previous proposal shape; the next window may do better
-            else:
-                # A new metric invalidates the tuned scale; restart near the optimum.
-                self._adapter.restart(self._optimal_scale)
-        self._cov.reset()
+        try:
+            self.chol = scipy.linalg.cholesky(covariance, lower=True)
+        except np.linalg.LinAlgError:
+            return  # keep the previous proposal shape; the next window may do better
+        # A new metric invalidates the tuned scale; restart near the optimum.
+        self._adaptation.restart(self._optimal_scale)
 
     def stop_tuning(self) -> None:
         """Fix the scale at its dual-averaged value."""
-        self._scale = self._adapter.final_step
+        self._scale = self._adaptation.final_step

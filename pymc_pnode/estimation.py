@@ -1,4 +1,11 @@
-"""The common result type of all point estimators (baselines, Fenrir fits, IRLS, ...)."""
+"""The one result type of every point estimator in the package.
+
+The classical baselines (``pymc_pnode.baselines``), IRLS for discretisation-error variances
+(``pymc_pnode.classical.irls_fit``), MLE/MAP fits of PyMC models and diffusion tempering
+(``pymc_pnode.fit``, ``pymc_pnode.diffusion_tempering``) all return an :class:`EstimationResult` or a subclass
+that adds the estimator's own outputs; :func:`results_table` puts any of them side by side and
+:meth:`EstimationResult.to_xarray` gives the estimate as an ``xarray.Dataset`` in ArviZ's layout.
+"""
 
 from __future__ import annotations
 
@@ -50,6 +57,9 @@ class EstimationResult:
         Number of ODE/adjoint/sensitivity integrations, when meaningful (else 0).
     extra : dict
         Estimator-specific outputs (fitted trajectories, node states, histories, ...).
+    theta_names : list of str, optional
+        Names of the entries of ``theta`` (default ``theta[0]``, ``theta[1]``, ...), used by
+        :meth:`to_dict`, :meth:`summary` and :meth:`to_xarray` unless names are passed there.
 
     Examples
     --------
@@ -71,6 +81,7 @@ class EstimationResult:
     n_function_evals: int = 0
     n_ode_solves: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    theta_names: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.theta = _as_vector(self.theta)
@@ -80,6 +91,22 @@ class EstimationResult:
         self.wall_time = float(self.wall_time)
         self.converged = bool(self.converged)
         self.message = str(self.message)
+        self.n_function_evals = int(self.n_function_evals)
+        self.n_ode_solves = int(self.n_ode_solves)
+        if self.theta_names is not None:
+            self.theta_names = self._checked_names(self.theta_names, self.theta.size, "theta_names")
+
+    @staticmethod
+    def _checked_names(names: Sequence[str], size: int, argument: str) -> list[str]:
+        names = [str(n) for n in names]
+        if len(names) != size:
+            raise ValueError(f"{argument} must have {size} entries, got {len(names)}")
+        return names
+
+    def _theta_labels(self, theta_names: Sequence[str] | None = None) -> list[str]:
+        if theta_names is not None:
+            return self._checked_names(theta_names, self.theta.size, "theta_names")
+        return self.theta_names or [f"theta[{i}]" for i in range(self.theta.size)]
 
     @property
     def success(self) -> bool:
@@ -102,18 +129,10 @@ class EstimationResult:
             If given, adds ``theta_error`` (Euclidean norm of the parameter error).
         """
         row: dict[str, Any] = {"method": self.method}
-        names = list(theta_names) if theta_names is not None else [
-            f"theta[{i}]" for i in range(self.theta.size)
-        ]
-        if len(names) != self.theta.size:
-            raise ValueError(f"theta_names must have {self.theta.size} entries, got {len(names)}")
-        row.update({n: float(v) for n, v in zip(names, self.theta)})
+        row.update({n: float(v) for n, v in zip(self._theta_labels(theta_names), self.theta)})
         if self.y0 is not None:
-            ynames = list(y0_names) if y0_names is not None else [
-                f"y0[{i}]" for i in range(self.y0.size)
-            ]
-            if len(ynames) != self.y0.size:
-                raise ValueError(f"y0_names must have {self.y0.size} entries, got {len(ynames)}")
+            ynames = (self._checked_names(y0_names, self.y0.size, "y0_names") if y0_names is not None
+                      else [f"y0[{i}]" for i in range(self.y0.size)])
             row.update({n: float(v) for n, v in zip(ynames, self.y0)})
         if theta_true is not None:
             truth = np.asarray(theta_true, dtype=np.float64).reshape(-1)
@@ -133,9 +152,7 @@ class EstimationResult:
 
     def summary(self, theta_names: Sequence[str] | None = None) -> str:
         """A short multi-line text summary."""
-        names = list(theta_names) if theta_names is not None else [
-            f"theta[{i}]" for i in range(self.theta.size)
-        ]
+        names = self._theta_labels(theta_names)
         status = "converged" if self.converged else "NOT converged"
         lines = [
             f"{self.method or 'estimate'}: {status} after {self.n_iterations} iterations "
@@ -148,13 +165,50 @@ class EstimationResult:
         lines.append(f"  message: {self.message}")
         return "\n".join(lines)
 
+    def estimates(self) -> dict[str, np.ndarray]:
+        """The estimated quantities by name: ``theta`` and, if present, ``y0`` (subclasses that estimate
+        the variables of a PyMC model give those instead)."""
+        out = {"theta": self.theta}
+        if self.y0 is not None:
+            out["y0"] = self.y0
+        return out
+
+    def _coords(self) -> dict[str, list[str]]:
+        return {"theta_dim_0": self._theta_labels()} if "theta" in self.estimates() else {}
+
+    def to_xarray(self):
+        """The estimate as an :class:`xarray.Dataset` in ArviZ's layout without ``chain``/``draw``.
+
+        One data variable per estimated quantity (dims ``<name>_dim_<i>``; ``theta`` labelled by
+        ``theta_names``); the diagnostics (``method``, ``objective``, ``objective_name``,
+        ``converged``, ``n_iterations``, ``n_function_evals``, ``n_ode_solves``, ``wall_time``,
+        ``message``) as attributes, with ``converged`` as 0/1 so that the dataset can be written to
+        netCDF. Compare with a posterior in ArviZ, e.g.
+        ``az.plot_posterior(idata, ref_val=...)`` or ``idata.posterior - result.to_xarray()``.
+        """
+        import xarray as xr
+
+        coords = self._coords()
+        variables = {}
+        for name, value in self.estimates().items():
+            value = np.asarray(value)
+            dims = [f"{name}_dim_{i}" for i in range(value.ndim)]
+            variables[name] = xr.DataArray(value, dims=dims,
+                                           coords={d: coords[d] for d in dims if d in coords})
+        return xr.Dataset(variables, attrs={
+            "method": self.method, "objective": self.objective, "objective_name": self.objective_name,
+            "converged": int(self.converged), "n_iterations": self.n_iterations,
+            "n_function_evals": self.n_function_evals, "n_ode_solves": self.n_ode_solves,
+            "wall_time": self.wall_time, "message": self.message,
+        })
+
     def replace(self, **changes: Any) -> EstimationResult:
         """A copy with some fields changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)
 
     def __repr__(self) -> str:  # the full arrays in ``extra`` make the default repr unreadable
         return (
-            f"EstimationResult(method={self.method!r}, theta={np.array2string(self.theta, precision=5)}, "
+            f"{type(self).__name__}(method={self.method!r}, theta={np.array2string(self.theta, precision=5)}, "
             f"objective={self.objective:.6g}, converged={self.converged}, "
             f"n_iterations={self.n_iterations}, wall_time={self.wall_time:.3g})"
         )
@@ -170,7 +224,8 @@ def results_table(
     Parameters
     ----------
     results : mapping of label -> EstimationResult, or a sequence of results
-        With a mapping, the labels become the index; otherwise the ``method`` names do.
+        Results of any estimator of the package (all are :class:`EstimationResult`). With a mapping,
+        the labels become the index; otherwise the ``method`` names do.
     theta_names : sequence of str, optional
         Column names for the parameters.
     theta_true : sequence of float, optional
