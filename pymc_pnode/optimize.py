@@ -25,7 +25,7 @@ from pymc_pnode.estimation import EstimationResult
 __all__ = ["FitResult", "TemperingResult", "diffusion_tempering", "fit", "tempering_schedule"]
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)  # the common repr of EstimationResult, not every array
 class FitResult(EstimationResult):
     """Result of :func:`fit`: an :class:`~pymc_pnode.estimation.EstimationResult` of a PyMC model.
 
@@ -235,7 +235,7 @@ def tempering_schedule(kind: str = "linear") -> np.ndarray:
     raise ValueError(f"schedule must be 'linear', 'exponential' or 'thesis', got {kind!r}")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)  # the common repr of EstimationResult, not every array
 class TemperingResult(FitResult):
     """Result of :func:`diffusion_tempering`: a :class:`FitResult` at the final estimate (``point``: the
     last stage's, or the last finite stage's if the final objective was not finite), with the

@@ -97,6 +97,7 @@ def test_fit_and_tempering_return_estimation_results():
     assert fit.converged and fit.method == "map" and fit.n_function_evals == fit.n_evaluations >= fit.n_iterations
     assert len(fit.history) == fit.n_iterations and fit.history[-1] == pytest.approx(fit.objective)
     assert fit.to_xarray()["mu"].dims == ("mu_dim_0",)
+    assert repr(fit).startswith("FitResult(method='map', theta=") and "point" not in repr(fit)
 
     kappa = pytensor.shared(1.0)
     tempered = pn.diffusion_tempering(_conjugate_model(data, kappa), diffusion=kappa, schedule=[100.0, 10.0, 1.0],

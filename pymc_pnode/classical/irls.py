@@ -296,7 +296,7 @@ class IRLSHistory:
     lbfgs_messages: list[str] = field(default_factory=list)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, repr=False)  # the common repr of EstimationResult, not every array
 class IRLSResult(EstimationResult):
     """Result of :func:`irls_fit`: an :class:`~pymc_pnode.estimation.EstimationResult` with the fitted
     discretisation-error variances.
