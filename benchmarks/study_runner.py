@@ -71,7 +71,8 @@ def main():
     parser.add_argument("--n-small", type=int, default=400)
     parser.add_argument("--n-fits", type=int, default=16)
     parser.add_argument("--draws", type=int, default=1000)
-    parser.add_argument("--no-warm-up", action="store_true", help="start every worker at once (warm caches)")
+    parser.add_argument("--warm-up", choices=["auto", "on", "off"], default="auto",
+                        help="run_study's warm_up: its default (auto), True or False")
     args = parser.parse_args()
     import distributed
 
@@ -97,7 +98,8 @@ def main():
     seeds = list(range(1, args.n_fits + 1))
     serial_rows, serial_s = timed(lambda: [fit(s) for s in seeds])
     per_fit = np.median([r["seconds"] for r in serial_rows])
-    result, runner_s = timed(lambda: studies.run_study(fit, seeds, progress=False, warm_up=not args.no_warm_up))
+    warm_up = {"auto": None, "on": True, "off": False}[args.warm_up]
+    result, runner_s = timed(lambda: studies.run_study(fit, seeds, progress=False, warm_up=warm_up))
     assert np.allclose(result.table["c_mean"], [r["c_mean"] for r in serial_rows])
     with ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
         pool_rows, pool_s = timed(lambda: list(pool.map(fit, seeds)))
@@ -107,7 +109,7 @@ def main():
     print(f"\n| {args.n_fits} fits | wall s | fits/min | speed-up | median s per fit |")
     print("| --- | --- | --- | --- | --- |")
     print(f"| serial loop | {serial_s:.0f} | {rate(serial_s):.1f} | 1 | {per_fit:.1f} |")
-    label = f"run_study, LocalCluster of {os.cpu_count()}, warm_up={not args.no_warm_up} (start-up incl.)"
+    label = f"run_study, LocalCluster of {os.cpu_count()}, warm_up={warm_up} (start-up incl.)"
     print(f"| {label} | {runner_s:.0f} | {rate(runner_s):.1f} | {serial_s / runner_s:.2f}x | {per_fit_runner:.1f} |")
     print(f"| ProcessPoolExecutor({os.cpu_count()}) (start-up incl.) | {pool_s:.0f} | {rate(pool_s):.1f} | "
           f"{serial_s / pool_s:.2f}x | {per_fit_pool:.1f} |")
