@@ -174,7 +174,8 @@ class EstimationResult:
         return out
 
     def _coords(self) -> dict[str, list[str]]:
-        return {"theta_dim_0": self._theta_labels()} if "theta" in self.estimates() else {}
+        """Coordinate labels of :meth:`estimates`' dims: ``theta``'s entries by ``theta_names``."""
+        return {"theta_dim_0": self._theta_labels()}
 
     def to_xarray(self):
         """The estimate as an :class:`xarray.Dataset` in ArviZ's layout without ``chain``/``draw``.

@@ -65,6 +65,11 @@ class FitResult(EstimationResult):
     def estimates(self) -> dict[str, np.ndarray]:
         return dict(self.point)
 
+    def _coords(self) -> dict[str, list[str]]:
+        # the model's variables, not the flattened theta, are the estimates: a variable named "theta" has
+        # its own shape, which theta_names (all free variables) does not label
+        return {}
+
     def __getitem__(self, name: str):
         return self.point[name]
 

@@ -87,6 +87,18 @@ def _conjugate_model(data, kappa=None):
     return model
 
 
+def test_a_model_variable_named_theta_keeps_its_own_shape_in_xarray():
+    with pm.Model() as model:
+        theta = pm.Normal("theta", 0.0, 1.0, shape=3)
+        scale = pm.Normal("scale", 0.0, 1.0)
+        pm.Normal("y", theta.sum() + scale, 1.0, observed=[1.0, 2.0])
+    fit = pn.fit(model)
+    assert fit.theta.size == 4 and len(fit.theta_names) == 4
+    ds = fit.to_xarray()
+    assert ds["theta"].shape == (3,) and ds["scale"].shape == ()
+    np.testing.assert_array_equal(ds["theta"].values, fit["theta"])
+
+
 def test_fit_and_tempering_return_estimation_results():
     data = np.random.default_rng(3).normal([1.0, -2.0], 1.0, size=(20, 2))
     fit = pn.fit(_conjugate_model(data), objective="map")
