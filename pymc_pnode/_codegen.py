@@ -25,6 +25,8 @@ from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.rewriting.utils import rewrite_graph
 
+from pymc_pnode._jit import COMPILE_LOCK
+
 CODEGEN_VERSION = "3"
 
 # Signatures of every generated function: (y, t, p, out...) -> None. Kernels take these as numba
@@ -344,21 +346,26 @@ def load_module(key: str, functions_source: str | None = None) -> ModuleType | N
 
     Returns None when the module is not cached and no source was given.
     """
-    path = cached_module_path(key)
-    if not path.exists():
-        if functions_source is None:
-            return None
-        text = _HEADER.format(version=CODEGEN_VERSION) + "\n\n" + functions_source
-        # Atomic write: parallel chains or test workers may generate the same module at once.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    name = f"pymc_pnode_generated_{key}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    with COMPILE_LOCK:  # threads asking at once must not see a half-executed module
+        path = cached_module_path(key)
+        if not path.exists():
+            if functions_source is None:
+                return None
+            text = _HEADER.format(version=CODEGEN_VERSION) + "\n\n" + functions_source
+            # Atomic write: parallel chains or test workers may generate the same module at once.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+        name = f"pymc_pnode_generated_{key}"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)  # compiles its kernels (explicit signatures) or loads them
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module

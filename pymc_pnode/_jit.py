@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator
 
 import numba as nb
@@ -21,6 +22,12 @@ JIT = dict(cache=True, error_model="numpy", nogil=True)
 # kernels' fixed sizes reach the helpers' loops. It made the Fenrir logp + gradient ≈ 1.5× faster, at
 # ≈ 10–15 s more compile time.
 INLINE_JIT = dict(JIT, fastmath={"contract"}, forceinline=True)
+
+# Held by every compile-on-first-use path (generated vector-field modules, the Fenrir kernels, deferred
+# kernels): nutpie runs chains in threads, and their first evaluations would otherwise compile or import
+# the same code at once. With a cold cache one thread then read a half-imported generated module (an
+# AttributeError inside the sampler's logp: "All initialization points failed", then a segfault).
+COMPILE_LOCK = threading.RLock()
 
 
 class CompiledOnFirstUse:
@@ -41,7 +48,9 @@ class CompiledOnFirstUse:
     @property
     def dispatcher(self):
         if self._dispatcher is None:
-            self._dispatcher = nb.njit(self._signature, **self._options)(self.py_func)
+            with COMPILE_LOCK:
+                if self._dispatcher is None:
+                    self._dispatcher = nb.njit(self._signature, **self._options)(self.py_func)
         return self._dispatcher
 
     def __call__(self, *args):

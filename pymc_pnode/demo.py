@@ -1,8 +1,9 @@
 """Built-in demo: fit the FitzHugh–Nagumo model to noisy voltage data with the Fenrir likelihood.
 
 Run with ``python -m pymc_pnode.demo``. It simulates data, samples the posterior with NUTS (nutpie, four chains in
-parallel) using Fenrir with its defaults (error-controlled steps, calibrated diffusion), prints an
-ArviZ summary, saves the InferenceData to ``pymc_pnode_demo.nc`` and a figure to ``pymc_pnode_demo.png``:
+parallel, its low-rank mass matrix) using Fenrir with its defaults (error-controlled steps, calibrated diffusion),
+prints an ArviZ summary and whether the run meets the usual convergence checks, saves the InferenceData to
+``pymc_pnode_demo.nc`` and a figure to ``pymc_pnode_demo.png``:
 the posterior fit, and a likelihood profile that shows what the numerical error of a coarse fixed-step
 RK4 solution does to the classical likelihood, next to the error-controlled Fenrir likelihood.
 """
@@ -23,7 +24,7 @@ def fitzhugh_nagumo(y, t, p):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--draws", type=int, default=1000)
+    parser.add_argument("--draws", type=int, default=600)
     parser.add_argument("--tune", type=int, default=300)
     parser.add_argument("--chains", type=int, default=4)
     parser.add_argument("--cores", type=int, default=min(4, os.cpu_count() or 1))
@@ -61,13 +62,18 @@ def main(argv: list[str] | None = None) -> None:
         # The defaults: error-controlled steps and the per-step calibrated diffusion.
         pn.Fenrir("V", ode, y0=y0, theta=theta, times=times, observed=data, obs_matrix=[[1.0, 0.0]],
                   obs_sigma=sigma, dims=("time", "observable"))
+        # The low-rank mass matrix learns the correlation of log b and log c (≈ −0.9): ≈ 11 leapfrog steps per
+        # draw instead of 16 with the diagonal one.
         idata = pm.sample(draws=args.draws, tune=args.tune, chains=args.chains, cores=args.cores, random_seed=1,
-                          target_accept=0.95, nuts_sampler="nutpie", progressbar=False)
+                          target_accept=0.95, nuts_sampler="nutpie", progressbar=False,
+                          nuts_sampler_kwargs={"low_rank_modified_mass_matrix": True})
         pm.compute_log_likelihood(idata, progressbar=False)
     summary = az.summary(idata, var_names=["theta", "sigma"])
     print(summary)
     n_div = int(idata.sample_stats["diverging"].sum())
     print(f"Divergences: {n_div}; wall time so far {time.perf_counter() - start:.1f} s; true theta = {true_theta}")
+    clean = summary["r_hat"].max() <= 1.01 and min(summary["ess_bulk"].min(), summary["ess_tail"].min()) >= 400
+    print("Converged cleanly (R-hat <= 1.01, bulk and tail ESS >= 400, no divergences):", bool(clean and n_div == 0))
     nc_path = os.path.splitext(args.output)[0] + ".nc"
     idata.to_netcdf(nc_path)
     print(f"Saved the InferenceData to {nc_path}")

@@ -176,3 +176,32 @@ def test_scalar_y0_for_one_state_ode_and_tensor_inputs():
         decay.y0_tensor([1.0, 2.0])
     with pytest.raises(ValueError, match="theta is required"):
         decay.theta_tensor(None)
+
+
+def test_threads_loading_one_generated_module_wait_for_its_execution(tmp_path, monkeypatch):
+    # nutpie's chains are threads: their first gradients import the same generated module at once. A thread that
+    # found it in sys.modules before it had executed read a missing function (cold cache: the sampler failed).
+    import threading
+    import time
+
+    import pymc_pnode._codegen as codegen
+
+    monkeypatch.setenv("PYMC_PNODE_CACHE_DIR", str(tmp_path))
+    key = f"slow_{time.time_ns()}"
+    # a module that takes its time to execute, like one compiling kernels
+    source = "import time\ntime.sleep(0.5)\n\n\ndef f():\n    return 1\n"
+    results, errors = [], []
+
+    def load(delay):
+        time.sleep(delay)
+        try:
+            results.append(codegen.load_module(key, source).f())
+        except Exception as err:  # noqa: BLE001 - recorded for the assertion
+            errors.append(err)
+
+    threads = [threading.Thread(target=load, args=(delay,)) for delay in (0.0, 0.1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and results == [1, 1]

@@ -31,6 +31,20 @@ def client():
     cluster.close()
 
 
+def test_local_cluster_workers_run_without_dask_defaults_that_slow_fits(client):
+    import dask
+
+    def worker_settings():
+        keys = ("distributed.admin.tick.interval", "distributed.admin.system-monitor.interval",
+                "distributed.worker.memory.monitor-interval", "distributed.worker.profile.enabled")
+        return [dask.config.get(k) for k in keys], os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+    for settings, trim in client.run(worker_settings).values():
+        assert settings == ["1s", "5s", "1s", False]
+        assert trim is None
+    assert dask.config.get("distributed.admin.tick.interval") == "20ms"  # the caller's configuration is untouched
+
+
 def noisy_task(task):
     """A task with its own seed; ``kill`` in the task's directory makes its first attempt kill its worker."""
     marks = Path(task["dir"])

@@ -29,7 +29,7 @@ import numba as nb
 import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, TEN2_FN, TEN_FN, VEC_FN
-from pymc_pnode._jit import INLINE_JIT, slp_vectorization
+from pymc_pnode._jit import COMPILE_LOCK, INLINE_JIT, slp_vectorization
 from pymc_pnode.filtering.calibration import (
     KAPPA_FLOOR,
     global_kappa,
@@ -291,14 +291,22 @@ def _initial_state_adjoint(taylor_jac, args: FenrirArguments, t0: float, mbar: n
                 grad[d + j] += mb * tp[i, c, j]
 
 
-@functools.lru_cache(maxsize=None)
 def fenrir_kernel(q: int, d: int):
+    """The Fenrir kernel compiled for IWP order ``q`` and ``d`` states (:func:`_fenrir_kernel`), once per
+    process also when sampler threads ask at once (:data:`~pymc_pnode._jit.COMPILE_LOCK`)."""
+    with COMPILE_LOCK:
+        return _fenrir_kernel(q, d)
+
+
+@functools.lru_cache(maxsize=None)
+def _fenrir_kernel(q: int, d: int):
     """The Fenrir kernel ``fenrir_terms`` compiled for IWP order ``q`` and ``d`` states.
 
     The sizes are closure constants, so numba compiles (and caches on disk) one kernel per
     ``(q, d)``: with the helpers inlined (``_jit.INLINE_JIT``), LLVM sees fixed trip counts in every
     small dense loop, unrolls them and, with ``slp_vectorization``, turns them into vector
-    instructions. Compiling a new ``(q, d)`` takes ≈ 90 s once (87 s for ``(3, 2)``, docs/benchmarks.md).
+    instructions. Compiling a new ``(q, d)`` takes ≈ 2 min once (117 s for ``(3, 2)`` into an empty cache on
+    the development machine, 2026-11-26).
     """
 
     def fenrir_terms(rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac, args):

@@ -213,22 +213,36 @@ def _oversubscribed(client) -> bool:
 
 def local_cluster(n_workers: int | None = None):
     """A ``distributed.LocalCluster`` for studies: one single-threaded worker process per core (or
-    ``n_workers``), no dashboard, and two dask defaults changed because they slow PyMC fits down.
+    ``n_workers``), no dashboard, and dask defaults changed where they slow PyMC fits down.
 
     - dask sets ``MALLOC_TRIM_THRESHOLD_=65536`` in its workers: Fenrir NUTS fits took 34–36 s with it against
       28–31 s without (``benchmarks/study_runner.py``), memory being returned to the system and faulted back;
     - without a dashboard the workers' statistical profiler, which samples the running task's stack every 10 ms
-      while holding the GIL, serves nothing.
+      while holding the GIL, serves nothing;
+    - the periodic housekeeping of every worker and nanny (event-loop health tick every 20 ms, system monitor
+      every 0.5 s, memory monitor every 0.1 s) runs on the cores the fits use: a CPU-bound Python task took
+      5.01 s per task on a cluster of 2 against 4.91 s in a ``ProcessPoolExecutor(2)``, and 4.85 s with the
+      intervals below (medians of 16 tasks; ``docs/benchmarks.md``, "The study runner"). Memory limits are
+      still enforced, once a second.
     """
     import dask
     from distributed import LocalCluster
 
     environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
     environ.pop("MALLOC_TRIM_THRESHOLD_", None)
-    settings = {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False}
+    settings = {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False,
+                **_QUIET_HOUSEKEEPING}
     with dask.config.set(settings):  # read by each nanny when it is created, kept for its restarts
         return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
                             dashboard_address=None)
+
+
+# Housekeeping intervals of the workers and nannies of :func:`local_cluster` (dask's defaults: 20 ms, 500 ms, 100 ms).
+_QUIET_HOUSEKEEPING = {
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "5s",
+    "distributed.worker.memory.monitor-interval": "1s",
+}
 
 
 def _connect(client):
