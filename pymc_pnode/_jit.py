@@ -19,8 +19,8 @@ JIT = dict(cache=True, error_model="numpy", nogil=True)
 # contraction: reassociation made the small loops 2× slower, and nnan/ninf would break the divergence
 # checks. ``forceinline`` has LLVM inline every helper into the kernel that calls it (and the kernels into
 # their Python entry wrappers): no call overhead for the dozen array-passing calls per step, and the
-# kernels' fixed sizes reach the helpers' loops. It made the Fenrir logp + gradient ≈ 1.5× faster, at
-# ≈ 10–15 s more compile time.
+# kernels' fixed sizes reach the helpers' loops. It makes the Fenrir logp + gradient ≈ 1.5× faster, at ≈ 65 s
+# more cold compile time for a FitzHugh–Nagumo kernel (117 against 50 s; benchmarks/results/compile_profile.md).
 INLINE_JIT = dict(JIT, fastmath={"contract"}, forceinline=True)
 
 # Held by every compile-on-first-use path (generated vector-field modules, the Fenrir kernels, deferred
