@@ -132,16 +132,14 @@ class WelfordCovariance:
             raise ValueError("At least two observations are needed for a covariance estimate.")
         sample = self._m2 / (self.n - 1)
         weight = self.n / (self.n + 5.0)
+        identity = 1.0 if self.diagonal else np.eye(self.ndim)  # a diagonal estimate is a vector of variances
         if shrink == "identity":
-            shrunk = weight * sample + 1e-3 * (1.0 - weight) * (1.0 if self.diagonal else np.eye(self.ndim))
-        elif shrink == "diagonal":
+            return weight * sample + 1e-3 * (1.0 - weight) * identity
+        if shrink == "diagonal":
             variances = sample if self.diagonal else np.diag(sample)
             shrunk = weight * sample + (1.0 - weight) * (variances if self.diagonal else np.diag(variances))
-            shrunk = shrunk + 1e-10 * max(float(np.max(variances)), 1e-300) * (
-                1.0 if self.diagonal else np.eye(self.ndim))
-        else:
-            raise ValueError(f"shrink must be 'identity' or 'diagonal', got {shrink!r}")
-        return shrunk
+            return shrunk + 1e-10 * max(float(np.max(variances)), 1e-300) * identity
+        raise ValueError(f"shrink must be 'identity' or 'diagonal', got {shrink!r}")
 
 
 class DoublingWindows:

@@ -211,6 +211,14 @@ def _oversubscribed(client) -> bool:
     return any(used > cores for used, cores in load.values())
 
 
+# Housekeeping intervals of the workers and nannies of :func:`local_cluster` (dask's defaults: 20 ms, 500 ms, 100 ms).
+_QUIET_HOUSEKEEPING = {
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "5s",
+    "distributed.worker.memory.monitor-interval": "1s",
+}
+
+
 def local_cluster(n_workers: int | None = None):
     """A ``distributed.LocalCluster`` for studies: one single-threaded worker process per core (or
     ``n_workers``), no dashboard, and dask defaults changed where they slow PyMC fits down.
@@ -235,14 +243,6 @@ def local_cluster(n_workers: int | None = None):
     with dask.config.set(settings):  # read by each nanny when it is created, kept for its restarts
         return LocalCluster(n_workers=n_workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
                             dashboard_address=None)
-
-
-# Housekeeping intervals of the workers and nannies of :func:`local_cluster` (dask's defaults: 20 ms, 500 ms, 100 ms).
-_QUIET_HOUSEKEEPING = {
-    "distributed.admin.tick.interval": "1s",
-    "distributed.admin.system-monitor.interval": "5s",
-    "distributed.worker.memory.monitor-interval": "1s",
-}
 
 
 def _connect(client):
