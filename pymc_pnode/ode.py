@@ -99,8 +99,10 @@ class ODE:
         self._key = _codegen.source_key(text.getvalue(), str(self.n_states), str(self.n_theta))
         self._taylor: dict[int, object] = {}
         self._taylor_jac: dict[int, object] = {}
+        self._taylor_vjp: dict[int, object] = {}
         self._lie: dict[int, list] = {}
         self._hess = None
+        self._contract = None
         base = self._module("base", self._base_source)
         self.rhs = _wrap(base.rhs, "vec")
         self.jac_y = _wrap(base.jac_y, "mat")
@@ -187,20 +189,55 @@ class ODE:
             ]
         )
 
+    def _vjp_source(self, fname: str, exprs: Sequence[Variable], shape: tuple[int, ...]) -> str:
+        """Source of ``fname(y, t, p, weights, out_y, out_p)``: the gradient of ``Σ weights[i] exprs[i]`` (``exprs``
+        flattened from ``shape``, the shape of ``weights``) with respect to ``y`` and ``p``.
+
+        One reverse pass through the weighted sum, where a Jacobian has ``len(exprs) × (d + n_theta)`` entries:
+        code and cost grow with the expressions, not with the number of outputs times inputs.
+        """
+        d = self.n_states
+        exprs = _codegen.canonicalize(list(exprs), self._inputs)
+        weights, terms = {}, []
+        for flat, expr in enumerate(exprs):
+            if isinstance(expr, Constant):  # no derivatives
+                continue
+            weight = pt.scalar(f"w{flat}", dtype="float64")
+            weights[weight] = tuple(int(i) for i in np.unravel_index(flat, shape))
+            terms.append(weight * expr)
+        if terms:
+            grads = _gradient(pt.add(*terms) if len(terms) > 1 else terms[0], [*self._y, *self._p])
+        else:
+            grads = [pt.constant(0.0, dtype="float64")] * (d + self.n_theta)
+        return _codegen.function_source(
+            fname, "contract", self._y, self._t, self._p, {"out_y": grads[:d], "out_p": grads[d:]},
+            {"out_y": (d,), "out_p": (self.n_theta,)}, entries={"weights": weights},
+        )
+
+    def _hess_contract_source(self) -> str:
+        jy = [g for fi in self._f for g in _gradient(fi, self._y)]
+        return self._vjp_source("hess_contract", jy, (self.n_states, self.n_states))
+
+    def _taylor_vjp_source(self, order: int) -> str:
+        flat = [gi for level in self._lie_derivatives(order) for gi in level]
+        return self._vjp_source("taylor_vjp", flat, (order + 1, self.n_states))
+
     def _lie_derivatives(self, order: int) -> list[list[Variable]]:
         """Time derivatives y^(k) = g_k(y, t, p), k = 0..order, of the exact solution."""
         if order in self._lie:
             return self._lie[order]
         g = [list(self._y)]
         for _ in range(order):
-            prev = g[-1]
             nxt = []
-            for gi in prev:
-                dt, *dy = _gradient(gi, [self._t, *self._y])
-                expr = dt
-                for dyj, fj in zip(dy, self._f):
-                    expr = expr + dyj * fj
-                nxt.append(expr)
+            for gi in g[-1]:
+                # Only the connected partials: with all d of them the graph (and its rewriting) grows with d²
+                # per level even for sparse fields.
+                dt, *dy = pytensor.grad(gi, [self._t, *self._y], disconnected_inputs="ignore",
+                                        return_disconnected="None") if not isinstance(gi, Constant) else [None]
+                terms = [dt] if dt is not None else []
+                terms += [dyj * fj for dyj, fj in zip(dy, self._f) if dyj is not None]
+                nxt.append(pt.add(*terms) if len(terms) > 1 else terms[0] if terms
+                           else pt.constant(0.0, dtype="float64"))
             g.append(_codegen.canonicalize(nxt, self._inputs))
         self._lie[order] = g
         return g
@@ -229,6 +266,20 @@ class ODE:
         r"""``hess_yp(y, t, p, out)``: :math:`\partial^2 f_i / \partial y_j \partial p_k` into ``(d, d, n_theta)``."""
         return self._hessians()[1]
 
+    @property
+    def hess_contract(self):
+        r"""``hess_contract(y, t, p, w, out_y, out_p)``: second derivatives contracted with weights ``w`` (d, d),
+        :math:`\sum_{ij} w_{ij} \partial^2 f_i / \partial y_j \partial y_k` into ``out_y[k]`` and
+        :math:`\sum_{ij} w_{ij} \partial^2 f_i / \partial y_j \partial p_k` into ``out_p[k]``.
+
+        The vector–Jacobian product of the Jacobian :math:`\partial f / \partial y` that reverse sweeps of EK1
+        filters need: generated from the non-constant Jacobian entries only, its code and cost grow with the
+        non-zero second derivatives, where the full tensors :attr:`hess_yy` have ``d³`` entries.
+        """
+        if self._contract is None:
+            self._contract = _wrap(self._module("contract", self._hess_contract_source).hess_contract, "contract")
+        return self._contract
+
     def _hessians(self):
         if self._hess is None:
             mod = self._module("hess", self._hess_source)
@@ -241,7 +292,8 @@ class ODE:
         Returns ``taylor(y0, t0, p, out)``, which writes the derivatives :math:`y^{(k)}(t_0)`,
         ``k = 0..order``, into ``out`` of shape ``(order + 1, d)``; obtained by exact symbolic
         differentiation (repeated Lie derivatives), not finite differences. Compiled on first use
-        (solvers need only this; likelihood gradients also need :meth:`taylor_functions`).
+        (solvers need only this; likelihood gradients also need :meth:`taylor_vjp`, forward-mode tangents
+        :meth:`taylor_functions`).
         """
         order = self._check_order(order)
         if order not in self._taylor:
@@ -262,6 +314,21 @@ class ODE:
             mod = self._module(f"taylorjac{order}", lambda: self._taylor_jac_source(order))
             self._taylor_jac[order] = _wrap(mod.taylor_jac, "ten2")
         return self.taylor_coefficients(order), self._taylor_jac[order]
+
+    def taylor_vjp(self, order: int):
+        r"""``taylor_vjp(y0, t0, p, w, out_y, out_p)``: the Taylor coefficients' Jacobians contracted with weights
+        ``w`` of shape ``(order + 1, d)``, :math:`\sum_{ij} w_{ij} \partial y^{(i)}_j / \partial y_0` into ``out_y``
+        and the same with respect to ``p`` into ``out_p``.
+
+        What reverse-mode gradients of the exact initialisation need (a vector–Jacobian product of
+        :meth:`taylor_functions`' ``taylor_jac``): generated from one reverse pass through the weighted sum, its
+        code grows with the size of the Lie derivatives, not with ``(order + 1) d (d + n_theta)`` entries.
+        """
+        order = self._check_order(order)
+        if order not in self._taylor_vjp:
+            mod = self._module(f"taylorvjp{order}", lambda: self._taylor_vjp_source(order))
+            self._taylor_vjp[order] = _wrap(mod.taylor_vjp, "contract")
+        return self._taylor_vjp[order]
 
     @staticmethod
     def _check_order(order) -> int:

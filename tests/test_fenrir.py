@@ -12,6 +12,7 @@ from scipy.integrate import solve_ivp
 from scipy.stats import multivariate_normal, norm
 
 import pymc_pnode as pn
+from pymc_pnode.filtering.fenrir import SPECIALISED_MAX_STATES, fenrir_kernel
 from tests.conftest import (
     LIKELIHOOD_MUTATIONS,
     assert_gradient_matches_central_differences,
@@ -109,6 +110,53 @@ def test_linear_ode_equals_dense_batch_gaussian(linear_ode, rng):
     cov = big_c @ post_c[np.ix_(sel, sel)] @ big_c.T + sigma**2 * np.eye(times.size)
     expected = multivariate_normal(mean, cov).logpdf(data.reshape(-1))
     assert value == pytest.approx(expected, rel=1e-8)
+
+
+def _ring_transport(y, t, p):
+    """y' = L(θ) y: decay θ0 and transport θ1 around a ring of states."""
+    d = len(y)
+    return [-p[0] * y[i] + p[1] * (y[i - 1] - y[(i + 1) % d]) for i in range(d)]
+
+
+def test_systems_beyond_the_specialised_sizes_share_one_kernel_equal_to_the_dense_gaussian(rng):
+    d = SPECIALISED_MAX_STATES + 2
+    ode = pn.ODE(_ring_transport, n_states=d, n_theta=2)
+    theta, y0, kappa, sigma = np.array([0.3, 1.2]), np.cos(np.arange(d)), 2.5, 0.2
+    l_mat = -theta[0] * np.eye(d) + theta[1] * (np.roll(np.eye(d), -1, axis=1) - np.roll(np.eye(d), 1, axis=1))
+    grid = np.linspace(0.0, 1.0, 9)
+    obs_idx = np.array([2, 3, 5, 8])
+    times = grid[obs_idx]
+    cmat = np.eye(d)[::2]
+    data = rng.normal(size=(times.size, cmat.shape[0]))
+    value = pn.fenrir_loglik(ode, y0, theta, times, data, obs_matrix=cmat, obs_sigma=sigma, diffusion=kappa,
+                             solver=pn.EK1(order=3), step=0.125).eval()
+    _, post_m, post_c = _dense_batch_posterior(theta, y0, grid, 3, kappa, l_mat=l_mat)
+    dd = 4 * d
+    sel = np.concatenate([np.arange((i - 1) * dd, (i - 1) * dd + d) for i in obs_idx])
+    big_c = np.kron(np.eye(times.size), cmat)
+    mean = big_c @ post_m[obs_idx - 1, :d].reshape(-1)
+    cov = big_c @ post_c[np.ix_(sel, sel)] @ big_c.T + sigma**2 * np.eye(big_c.shape[0])
+    assert value == pytest.approx(multivariate_normal(mean, cov).logpdf(data.reshape(-1)), rel=1e-8)
+    assert fenrir_kernel(3, d) is fenrir_kernel(3, d + 7)
+
+
+def test_exact_gradient_lorenz96_beyond_the_specialised_sizes(rng):
+    d = SPECIALISED_MAX_STATES + 2
+
+    def lorenz96(y, t, p):
+        return [(y[(i + 1) % d] - y[i - 2]) * y[i - 1] - y[i] + p[0] for i in range(d)]
+
+    ode = pn.ODE(lorenz96, n_states=d, n_theta=1)
+    times = np.array([0.1, 0.2, 0.35])
+    cmat = np.eye(d)[::2]
+    data = 8.0 + rng.normal(size=(times.size, cmat.shape[0]))
+
+    def loglik(y0, theta, sigma, kappa):
+        return pn.fenrir_loglik(ode, y0, theta, times, data, obs_matrix=cmat, obs_sigma=sigma, diffusion=kappa,
+                                solver=pn.EK1(order=3), step=0.025)
+
+    point = [8.0 + np.sin(np.arange(d)), np.array([8.0]), np.full(cmat.shape[0], 0.7), np.array(30.0)]
+    assert_gradient_matches_central_differences(loglik, point, eps=[1e-6, 1e-6, 1e-6, 1e-4])
 
 
 def test_approaches_gaussian_loglik_around_exact_solution(fhn_ode, rng):

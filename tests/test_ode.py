@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytensor.tensor as pt
 import pytest
 
 import pymc_pnode as pn
@@ -42,6 +43,42 @@ def test_second_derivatives_match_central_differences(fhn_ode, rng):
         dp[k] = eps
         fd = (fhn_ode.jacobian(y, 0.0, p + dp) - fhn_ode.jacobian(y, 0.0, p - dp)) / (2 * eps)
         assert np.allclose(hyp[:, :, k], fd, atol=1e-7)
+
+
+def _ring(y, t, p):
+    """A sparse field of ``len(y)`` states with time- and parameter-dependent second derivatives."""
+    d = len(y)
+    return [(y[(i + 1) % d] - y[i - 2]) * y[i - 1] - y[i] + p[0] * pt.sin(t) * y[i] ** 2 for i in range(d)]
+
+
+def test_contracted_derivatives_equal_the_full_tensors_and_grow_with_the_nonzeros(rng, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYMC_PNODE_CACHE_DIR", str(tmp_path))
+    sizes = {}
+    for d in (5, 20):
+        ode = pn.ODE(_ring, n_states=d, n_theta=1)
+        y, p, w = rng.normal(size=d), np.array([1.3]), rng.normal(size=(d, d))
+        hyy, hyp = np.empty((d, d, d)), np.empty((d, d, 1))
+        ode.hess_yy(y, 0.4, p, hyy)
+        ode.hess_yp(y, 0.4, p, hyp)
+        out_y, out_p = np.empty(d), np.empty(1)
+        ode.hess_contract(y, 0.4, p, w, out_y, out_p)
+        assert np.allclose(out_y, np.einsum("rc,rce->e", w, hyy), rtol=1e-13, atol=1e-13)
+        assert np.allclose(out_p, np.einsum("rc,rce->e", w, hyp), rtol=1e-13, atol=1e-13)
+        sizes[d] = {path.stat().st_size for path in tmp_path.glob("pnode_*.py")}
+        if d > 5:  # (the full Taylor Jacobians of 20 states take minutes to generate: what taylor_vjp avoids)
+            continue
+        w = rng.normal(size=(4, d))
+        ty, tp = np.empty((4, d, d)), np.empty((4, d, 1))
+        ode.taylor_functions(3)[1](y, 0.4, p, ty, tp)
+        ode.taylor_vjp(3)(y, 0.4, p, w, out_y, out_p)
+        assert np.allclose(out_y, np.einsum("ic,ice->e", w, ty), rtol=1e-12, atol=1e-12)
+        assert np.allclose(out_p, np.einsum("ic,ice->e", w, tp), rtol=1e-12, atol=1e-12)
+        for path in tmp_path.glob("pnode_*.py"):
+            path.rename(path.with_suffix(".done"))
+    # The field, its Jacobians and second derivatives: generated code grows with the non-zero derivatives (4d
+    # of d² Jacobian entries, 5d of d³ second derivatives), not with the d³ entries of the Hessian: 4× the
+    # states, well under 16× the source.
+    assert max(sizes[20]) < 6 * max(sizes[5])
 
 
 def test_taylor_coefficients_lotka_volterra_by_hand(lv_ode):

@@ -128,14 +128,16 @@ def test_global_calibration_rescales_unit_diffusion_covariances(lv_ode):
     assert np.allclose(unit.cov * sigma2, cal.cov, rtol=1e-8, atol=1e-300)
 
 
-def _dense_batch_posterior(theta, y0, grid, q, kappa, extra=(), innovations=False):
+def _dense_batch_posterior(theta, y0, grid, q, kappa, extra=(), innovations=False, l_mat=None):
     """Exact Gaussian conditioning of the discretised IWP prior for y' = L y on a dense joint.
 
-    With ``innovations`` also returns ``z = 0 - H m`` (the stacked ODE-residual observations minus
-    their prior mean) and their prior covariance ``S = H P H^T``.
+    ``L`` is ``l_mat``, by default the rotation-dilation of ``linear2`` at ``theta``. With ``innovations`` also
+    returns ``z = 0 - H m`` (the stacked ODE-residual observations minus their prior mean) and their prior
+    covariance ``S = H P H^T``.
     """
-    l_mat = np.array([[theta[0], -theta[1]], [theta[1], theta[0]]])
-    d = 2
+    if l_mat is None:
+        l_mat = np.array([[theta[0], -theta[1]], [theta[1], theta[0]]])
+    d = l_mat.shape[0]
     dd = (q + 1) * d
     mu0 = np.concatenate([np.linalg.matrix_power(l_mat, k) @ y0 for k in range(q + 1)])
     times = np.union1d(grid, extra)

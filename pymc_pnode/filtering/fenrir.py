@@ -28,7 +28,7 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
-from pymc_pnode._codegen import MAT_FN, TEN2_FN, TEN_FN, VEC_FN
+from pymc_pnode._codegen import CONTRACT_FN, MAT_FN, VEC_FN
 from pymc_pnode._jit import COMPILE_LOCK, INLINE_JIT, slp_vectorization
 from pymc_pnode.filtering.calibration import (
     KAPPA_FLOOR,
@@ -103,7 +103,7 @@ _ARGUMENTS_T = nb.types.NamedTuple(
     FenrirArguments,
 )
 KBAR_ADD, KBAR_STORE, KBAR_LOCAL, KBAR_NONE = 0, 1, 2, 3  # what a reverse sweep does with each step's κ̄
-_FENRIR_SIG = (VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, MAT_FN, TEN2_FN, _ARGUMENTS_T)
+_FENRIR_SIG = (VEC_FN, MAT_FN, MAT_FN, CONTRACT_FN, MAT_FN, CONTRACT_FN, _ARGUMENTS_T)
 
 
 @nb.njit(inline="always", **INLINE_JIT)
@@ -275,41 +275,48 @@ def _filter_adjoint(
 
 
 @nb.njit(inline="always", **INLINE_JIT)
-def _initial_state_adjoint(taylor_jac, args: FenrirArguments, t0: float, mbar: np.ndarray, q: int, d: int,
+def _initial_state_adjoint(taylor_vjp, args: FenrirArguments, t0: float, mbar: np.ndarray, q: int, d: int,
                            grad: np.ndarray) -> None:
     """Adjoint of the exact initialisation ``μ₀ = Taylor coefficients of (y0, θ)`` (``Σ₀ = 0``)."""
     k = args.theta.shape[0]
-    ty = np.empty((q + 1, d, d))
-    tp = np.empty((q + 1, d, k))
-    taylor_jac(args.y0, t0, args.theta, ty, tp)
-    for i in range(q + 1):
-        for c in range(d):
-            mb = mbar[i * d + c]
-            for j in range(d):
-                grad[j] += mb * ty[i, c, j]
-            for j in range(k):
-                grad[d + j] += mb * tp[i, c, j]
+    gy = np.empty(d)
+    gp = np.empty(k)
+    taylor_vjp(args.y0, t0, args.theta, np.ascontiguousarray(mbar).reshape((q + 1, d)), gy, gp)
+    for j in range(d):
+        grad[j] += gy[j]
+    for j in range(k):
+        grad[d + j] += gp[j]
+
+
+# Largest number of states with a kernel of its own (see :func:`_fenrir_kernel`); larger systems share one kernel
+# per order. At d = 4 the own kernel is 1.36× faster but takes ≈ 100 s to compile; compiling one for d = 5 aborted
+# the process inside LLVM ("Instruction does not dominate all uses"; benchmarks/results/scale.md), and the
+# sizes up to 4 were checked for q ≤ 5.
+SPECIALISED_MAX_STATES = 4
 
 
 def fenrir_kernel(q: int, d: int):
-    """The Fenrir kernel compiled for IWP order ``q`` and ``d`` states (:func:`_fenrir_kernel`), once per
-    process also when sampler threads ask at once (:data:`~pymc_pnode._jit.COMPILE_LOCK`)."""
+    """The Fenrir kernel for IWP order ``q`` and ``d`` states (:func:`_fenrir_kernel`: its own for
+    ``d <= SPECIALISED_MAX_STATES``, else the kernel of any ``d``), compiled once per process also when
+    sampler threads ask at once (:data:`~pymc_pnode._jit.COMPILE_LOCK`)."""
     with COMPILE_LOCK:
-        return _fenrir_kernel(q, d)
+        return _fenrir_kernel(q, d if d <= SPECIALISED_MAX_STATES else 0)
 
 
 @functools.lru_cache(maxsize=None)
-def _fenrir_kernel(q: int, d: int):
-    """The Fenrir kernel ``fenrir_terms`` compiled for IWP order ``q`` and ``d`` states.
+def _fenrir_kernel(q: int, n_states: int):
+    """The Fenrir kernel ``fenrir_terms`` compiled for IWP order ``q`` and ``n_states`` states (0: any number).
 
     The sizes are closure constants, so numba compiles (and caches on disk) one kernel per
-    ``(q, d)``: with the helpers inlined (``_jit.INLINE_JIT``), LLVM sees fixed trip counts in every
+    ``(q, n_states)``: with the helpers inlined (``_jit.INLINE_JIT``), LLVM sees fixed trip counts in every
     small dense loop, unrolls them and, with ``slp_vectorization``, turns them into vector
-    instructions. Compiling a new ``(q, d)`` takes ≈ 2 min once (117 s for ``(3, 2)`` into an empty cache on
-    the development machine, 2026-11-26).
+    instructions. Compiling a new ``(q, n_states)`` takes ≈ 2 min once (117 s for ``(3, 2)`` into an empty
+    cache on the development machine, 2026-11-26). The gain is in small systems; a kernel of its own for
+    every larger ``d`` would make each new model size pay that compile (``n_states = 0``: ``d`` is read
+    from ``y0`` at run time).
     """
 
-    def fenrir_terms(rhs, jac_y, jac_p, hess_yy, hess_yp, taylor, taylor_jac, args):
+    def fenrir_terms(rhs, jac_y, jac_p, hess_contract, taylor, taylor_vjp, args):
         """Per-observation Fenrir log-likelihood terms and, optionally, a vector–Jacobian product.
 
         The solver steps from ``stops[0]`` through every entry of ``args.stops``. Without
@@ -340,6 +347,7 @@ def _fenrir_kernel(q: int, d: int):
         :func:`~pymc_pnode.filtering.stepping.fixed_step_failed`, ``max_steps`` reached or a collapsing step.
         """
         theta, stops, rq = args.theta, args.stops, args.rq
+        d = n_states if n_states > 0 else args.y0.shape[0]
         k = theta.shape[0]
         dd = (q + 1) * d
         n_obs = args.data.shape[0]
@@ -406,7 +414,7 @@ def _fenrir_kernel(q: int, d: int):
         # the path through κ̂ = κ̂₀ Σ ẑᵀS_κ̂₀⁻¹ẑ / (N d): cotangent ∂L/∂κ · κ̂₀ / (N d) on every ẑᵀS⁻¹ẑ. With
         # local calibration the first sweep collects each step's κ̄_n (part 1's share plus ⟨Σ̄⁻_n, Q_n⟩) and the
         # second sweep runs through the unit-diffusion pass, where κ_n(ẑ_n, L_n) was computed.
-        derivs = FieldDerivatives(jac_p, hess_yy, hess_yp)
+        derivs = FieldDerivatives(jac_p, hess_contract)
         second = n_pts > 1 and ((mode == DIFFUSION_GLOBAL and kappa > KAPPA_FLOOR) or mode == DIFFUSION_LOCAL)
         sweep_run, start, deposits = run, Cotangent(dep.mean[n_pts - 1], dep.cov[n_pts - 1]), dep
         sweep = (0.0, KBAR_STORE if mode == DIFFUSION_LOCAL else KBAR_ADD)
@@ -421,7 +429,7 @@ def _fenrir_kernel(q: int, d: int):
             bar, finite = _filter_adjoint(field, derivs, sweep_run, rq, q, d, start, deposits, sweep, grad)
             if not finite:
                 return terms, grad, False, info, stops[:1]
-            _initial_state_adjoint(taylor_jac, args, stops[0], bar.mean, q, d, grad)
+            _initial_state_adjoint(taylor_vjp, args, stops[0], bar.mean, q, d, grad)
         if mode != DIFFUSION_FIXED:
             grad[kdir] = 0.0  # the calibrated diffusion replaces the κ argument
         if not all_finite(grad):

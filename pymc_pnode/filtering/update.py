@@ -19,8 +19,9 @@ from pymc_pnode.filtering.linalg import cholesky_inplace, solve_lower, tria_cols
 
 # The vector field as the forward pass needs it: f, ∂f/∂y, the parameters and EK1 (else EK0).
 VectorField = namedtuple("VectorField", ["rhs", "jac_y", "theta", "ek1"])
-# The derivatives only the adjoints need: ∂f/∂θ, ∂²f/∂y², ∂²f/∂y∂θ.
-FieldDerivatives = namedtuple("FieldDerivatives", ["jac_p", "hess_yy", "hess_yp"])
+# The derivatives only the adjoints need: ∂f/∂θ and the second derivatives contracted with a weight matrix
+# (:attr:`pymc_pnode.ODE.hess_contract`).
+FieldDerivatives = namedtuple("FieldDerivatives", ["jac_p", "hess_contract"])
 # Scratch of one linearisation: ξ, f(ξ) and ∂f/∂y(ξ) (zeros for EK0).
 LinearisationWork = namedtuple("LinearisationWork", ["xi", "fx", "jac"])
 # A linear Gaussian observation of the state: rows ``H[:rows]``, noise variances, residual ``r = H μ⁻ + c``.
@@ -34,7 +35,7 @@ UpdateAdjointWork = namedtuple("UpdateAdjointWork", ["wk", "wm", "wv"])
 # Cotangents reaching one linearisation: of the residual ẑ through the update (rbar) and through the local
 # diffusion (zbar), of H (hbar) and of L through the local diffusion (jbar).
 LinearisationCotangents = namedtuple("LinearisationCotangents", ["rbar", "hbar", "zbar", "jbar"])
-LinearisationAdjointWork = namedtuple("LinearisationAdjointWork", ["lbar", "xbar", "jp", "hyy", "hyp", "jtrue"])
+LinearisationAdjointWork = namedtuple("LinearisationAdjointWork", ["lbar", "xbar", "jp", "hy", "hp", "jtrue"])
 
 
 @nb.njit(**INLINE_JIT)
@@ -52,8 +53,8 @@ def update_adjoint_work(dd: int, rows: int) -> UpdateAdjointWork:
 @nb.njit(**INLINE_JIT)
 def linearisation_adjoint_work(d: int, k: int) -> LinearisationAdjointWork:
     """Work arrays of :func:`linearise_adjoint` for ``d`` states and ``k`` parameters."""
-    return LinearisationAdjointWork(np.empty((d, d)), np.empty(d), np.zeros((d, k)), np.zeros((d, d, d)),
-                                    np.zeros((d, d, k)), np.zeros((d, d)))
+    return LinearisationAdjointWork(np.empty((d, d)), np.empty(d), np.zeros((d, k)), np.zeros(d), np.zeros(k),
+                                    np.zeros((d, d)))
 
 
 @nb.njit(**INLINE_JIT)
@@ -100,7 +101,7 @@ def linearise_adjoint(
     k = grad_theta.shape[0]
     _, jac_y, theta, ek1 = field
     rbar, hbar, zbar, jbar = cot
-    lbar, xbar, jp, hyy, hyp, jtrue = work
+    lbar, xbar, jp, hy, hp, jtrue = work
     for c in range(d):
         mbar_pred[d + c] += zbar[c]
     derivs.jac_p(xi, t, theta, jp)
@@ -110,24 +111,17 @@ def linearise_adjoint(
             s -= jp[c, j] * (rbar[c] + zbar[c])
         grad_theta[j] += s
     if ek1:
-        derivs.hess_yy(xi, t, theta, hyy)
-        derivs.hess_yp(xi, t, theta, hyp)
         for r in range(d):
             for c in range(d):
                 lbar[r, c] = -hbar[r, c] + rbar[r] * xi[c] + jbar[r, c]
+        derivs.hess_contract(xi, t, theta, lbar, hy, hp)
         for e in range(d):
-            s = 0.0
+            s = hy[e]
             for r in range(d):
                 s -= lin[r, e] * zbar[r]
-                for c in range(d):
-                    s += lbar[r, c] * hyy[r, c, e]
             xbar[e] = s
         for j in range(k):
-            s = 0.0
-            for r in range(d):
-                for c in range(d):
-                    s += lbar[r, c] * hyp[r, c, j]
-            grad_theta[j] += s
+            grad_theta[j] += hp[j]
     else:
         jac_y(xi, t, theta, jtrue)
         for e in range(d):

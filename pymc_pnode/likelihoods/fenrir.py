@@ -158,8 +158,8 @@ class FenrirProblem:
     def kernel_arguments(self):
         """The constant leading arguments of the Fenrir kernel for this problem."""
         ode = self.ode
-        taylor, taylor_jac = ode.taylor_functions(self.solver.order)
-        return (ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, taylor, taylor_jac)
+        order = self.solver.order
+        return (ode.rhs, ode.jac_y, ode.jac_p, ode.hess_contract, ode.taylor_coefficients(order), ode.taylor_vjp(order))
 
     def evaluate(self, y0, theta, data, sigma, kappa, cotangent=None, diagnostics=None, warn=True):
         """Per-observation terms and, given ``cotangent``, the gradient of ``cotangent · terms``.

@@ -1,0 +1,190 @@
+"""Scaling with the number of states: build, first compile, logp + gradient and peak memory of a Fenrir model.
+
+Problem: Lorenz-96, ``dy_i/dt = (y_{i+1} - y_{i-2}) y_{i-1} - y_i + F`` (indices mod d), F = 8 the one
+parameter, y0 = F + sin(i), every other state observed at t = 0.1, 0.2, ..., 2.0 with Gaussian noise
+(sd 0.1, seeded); IWP(3) prior, EK1, fixed step 0.01 from t0 = 0 (200 steps), diffusion 1; gradient with
+respect to y0, F and the noise sd.
+
+Every size runs in a fresh Python process, as a user building a new model pays: the package's library
+kernels come from a warmed numba cache (copied, so that every run starts from the same cache), the
+generated vector-field modules and any kernel specialised on the model are compiled in the run. The warm
+cache is made first by fitting *other* models (FitzHugh–Nagumo, d = 2, and Lorenz-96 with
+``--warm-states``), so kernels that depend only on the solver's order count as library kernels.
+
+Phases (seconds): ``ode`` = ``pn.ODE`` (tracing, symbolic Jacobians, the rhs/Jacobian module),
+``hessians`` and ``taylor`` = the generated modules of the second derivatives the gradient needs
+(``ODE.hess_contract``) and of the Taylor coefficients and their vector–Jacobian product (``ODE.taylor_vjp``;
+source and numba compile), ``graph`` = ``pytensor.function`` of logp and its gradient, ``first`` = the first
+evaluation (compiles any kernel specialised on the model), ``total`` = all of them; ``eval`` = median
+seconds per logp + gradient over ``--repeats`` calls; ``rss`` = the process's peak resident memory.
+
+Run: ``python benchmarks/scale.py --states 5 10 20`` (prints a Markdown table; ``--json FILE`` saves rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STEP = 0.01
+T_END = 2.0
+ORDER = 3
+SIGMA = 0.1
+FORCING = 8.0
+
+
+def lorenz96(y, t, p):
+    d = len(y)
+    return [(y[(i + 1) % d] - y[i - 2]) * y[i - 1] - y[i] + p[0] for i in range(d)]
+
+
+def measure(d: int, repeats: int, kernel: str = "auto") -> dict:
+    """All phases for ``d`` states, in this process; ``kernel`` "generic" or "specialised" overrides the
+    package's choice between the kernel of any ``d`` and one compiled for ``d``."""
+    import resource
+
+    import numpy as np
+    import pytensor
+    import pytensor.tensor as pt
+    from scipy.integrate import solve_ivp
+
+    import pymc_pnode as pn
+    from pymc_pnode.filtering import fenrir
+
+    if kernel != "auto":
+        fenrir.SPECIALISED_MAX_STATES = 0 if kernel == "generic" else d
+
+    y0 = FORCING + np.sin(np.arange(d))
+    times = np.round(np.arange(1, 21) * 0.1, 10)
+    observed = np.arange(0, d, 2)
+    sol = solve_ivp(lambda t, y: lorenz96(list(y), t, [FORCING]), (0.0, T_END), y0, method="DOP853",
+                    t_eval=times, rtol=1e-12, atol=1e-12)
+    data = sol.y.T[:, observed] + SIGMA * np.random.default_rng(1).standard_normal((times.size, observed.size))
+    obs_matrix = np.eye(d)[observed]
+
+    row = {"d": d, "kernel": kernel if kernel != "auto" else
+           ("specialised" if d <= fenrir.SPECIALISED_MAX_STATES else "generic")}
+    start = time.perf_counter()
+    ode = pn.ODE(lorenz96, n_states=d, n_theta=1)
+    row["ode"] = time.perf_counter() - start
+    tick = time.perf_counter()
+    ode.hess_contract  # noqa: B018 (compiles the generated module)
+    row["hessians"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    ode.taylor_coefficients(ORDER)
+    ode.taylor_vjp(ORDER)
+    row["taylor"] = time.perf_counter() - tick
+
+    tick = time.perf_counter()
+    y0_var = pt.vector("y0")
+    theta_var = pt.vector("theta")
+    sigma_var = pt.scalar("sigma")
+    logp = pn.fenrir_loglik(ode, y0_var, theta_var, times, data, obs_matrix=obs_matrix, obs_sigma=sigma_var,
+                            diffusion=1.0, solver=pn.EK1(ORDER), step=STEP)
+    fn = pytensor.function([y0_var, theta_var, sigma_var],
+                           [logp, *pt.grad(logp, [y0_var, theta_var, sigma_var])])
+    row["graph"] = time.perf_counter() - tick
+    args = (y0, np.array([FORCING]), SIGMA)
+    tick = time.perf_counter()
+    first = fn(*args)
+    row["first"] = time.perf_counter() - tick
+    row["total"] = time.perf_counter() - start
+    row["logp"] = float(first[0])
+    times_per_eval = []
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        fn(*args)
+        times_per_eval.append(time.perf_counter() - tick)
+    row["eval"] = float(np.median(times_per_eval))
+    row["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return row
+
+
+def warm(cache: Path, warm_states: list[int]) -> None:
+    """Fill ``cache`` with the package's kernels by evaluating other models than the measured ones."""
+    code = (
+        "import sys; sys.path.insert(0, %r); import scale, numpy as np, pytensor, pytensor.tensor as pt\n"
+        "import pymc_pnode as pn\n"
+        "fhn = pn.ODE(lambda y, t, p: [p[2] * (y[0] - y[0] ** 3 / 3 + y[1]), -(y[0] - p[0] - p[1] * y[1]) / p[2]],"
+        " 2, 3)\n"
+        "y0, th = pt.vector('y0'), pt.vector('th')\n"
+        "times = np.arange(1, 11) * 0.1\n"
+        "lp = pn.fenrir_loglik(fhn, y0, th, times, np.zeros((10, 1)), obs_matrix=[[1.0, 0.0]], obs_sigma=0.1,"
+        " diffusion=1.0, solver=pn.EK1(%d), step=0.01)\n"
+        "pytensor.function([y0, th], [lp, *pt.grad(lp, [y0, th])])([-1.0, 1.0], [0.2, 0.2, 3.0])\n"
+        "for d in %r: scale.measure(d, 1)\n"
+    ) % (str(Path(__file__).resolve().parent), ORDER, warm_states)
+    _run_python(code, cache, Path(tempfile.mkdtemp(prefix="scale_gen_")))
+
+
+def _run_python(code: str, numba_cache: Path, generated: Path) -> str:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(numba_cache), PYMC_PNODE_CACHE_DIR=str(generated))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return done.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--states", type=int, nargs="+", default=[5, 10, 20])
+    parser.add_argument("--warm-states", type=int, nargs="*", default=[7],
+                        help="Lorenz-96 sizes evaluated while warming the cache (not measured)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--kernels", nargs="+", default=["auto"], choices=["auto", "generic", "specialised"],
+                        help="measure every size with each of these Fenrir kernels")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="a warmed numba cache to start every run from (default: warm a new one)")
+    parser.add_argument("--cache-out", type=Path, default=None,
+                        help="where to warm the cache when --cache is not given")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    import numba
+    import pytensor
+
+    import pymc_pnode
+
+    base = args.cache
+    if base is None:
+        base = args.cache_out or Path(tempfile.mkdtemp(prefix="scale_numba_"))
+        tick = time.perf_counter()
+        warm(base, args.warm_states)
+        print(f"warmed the library kernels in {time.perf_counter() - tick:.0f} s ({base})", file=sys.stderr)
+    rows = []
+    for d in args.states:
+        for kernel in args.kernels:
+            run_cache = Path(tempfile.mkdtemp(prefix="scale_run_"))
+            shutil.copytree(base, run_cache, dirs_exist_ok=True)
+            code = ("import sys, json; sys.path.insert(0, %r); import scale; "
+                    "print(json.dumps(scale.measure(%d, %d, %r)))") % (
+                str(Path(__file__).resolve().parent), d, args.repeats, kernel)
+            out = _run_python(code, run_cache, Path(tempfile.mkdtemp(prefix="scale_gen_")))
+            rows.append(json.loads(out.strip().splitlines()[-1]))
+            shutil.rmtree(run_cache, ignore_errors=True)
+            print(rows[-1], file=sys.stderr)
+
+    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; Python "
+          f"{platform.python_version()}, numba {numba.__version__}, pytensor {pytensor.__version__}, "
+          f"pymc_pnode {pymc_pnode.__version__}; {time.strftime('%Y-%m-%d %H:%M')}\n")
+    print("| d | Fenrir kernel | `pn.ODE` | Hessians | Taylor | graph | first logp+grad | total to first | logp+grad "
+          "| peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['d']} | {r['kernel']} | {r['ode']:.1f} s | {r['hessians']:.1f} s | {r['taylor']:.1f} s | "
+              f"{r['graph']:.1f} s | {r['first']:.1f} s | {r['total']:.1f} s | {r['eval'] * 1e3:.2f} ms | "
+              f"{r['rss_mb']:.0f} MB |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
