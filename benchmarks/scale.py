@@ -14,9 +14,10 @@ cache is made first by fitting *other* models (FitzHugh–Nagumo, d = 2, and Lor
 Phases (seconds): ``ode`` = ``pn.ODE`` (tracing, symbolic Jacobians, the rhs/Jacobian module),
 ``hessians`` and ``taylor`` = the generated modules of the second derivatives the gradient needs
 (``ODE.hess_contract``) and of the Taylor coefficients and their vector–Jacobian product (``ODE.taylor_vjp``;
-source and numba compile), ``graph`` = ``pytensor.function`` of logp and its gradient, ``first`` = the first
-evaluation (compiles any kernel specialised on the model), ``total`` = all of them; ``eval`` = median
-seconds per logp + gradient over ``--repeats`` calls; ``rss`` = the process's peak resident memory.
+source and numba compile), ``graph`` = ``pn.fenrir_loglik`` and ``pytensor.function`` of logp and its
+gradient, ``first`` = the first evaluation (compiles any kernel specialised on the model), ``total`` = all of
+them (PyMC is imported before the clock starts: a PyMC user has imported it already); ``eval`` = median seconds
+per logp + gradient over ``--repeats`` calls; ``rss`` = the process's peak resident memory.
 
 Run: ``python benchmarks/scale.py --states 5 10 20`` (prints a Markdown table; ``--json FILE`` saves rows).
 """
@@ -52,6 +53,7 @@ def measure(d: int, repeats: int, kernel: str = "auto") -> dict:
     import resource
 
     import numpy as np
+    import pymc  # noqa: F401 (imported before the clock: a PyMC user has it already; ≈ 2.7 s here)
     import pytensor
     import pytensor.tensor as pt
     from scipy.integrate import solve_ivp

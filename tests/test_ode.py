@@ -53,32 +53,46 @@ def _ring(y, t, p):
 
 def test_contracted_derivatives_equal_the_full_tensors_and_grow_with_the_nonzeros(rng, tmp_path, monkeypatch):
     monkeypatch.setenv("PYMC_PNODE_CACHE_DIR", str(tmp_path))
-    sizes = {}
-    for d in (5, 20):
-        ode = pn.ODE(_ring, n_states=d, n_theta=1)
-        y, p, w = rng.normal(size=d), np.array([1.3]), rng.normal(size=(d, d))
-        hyy, hyp = np.empty((d, d, d)), np.empty((d, d, 1))
-        ode.hess_yy(y, 0.4, p, hyy)
-        ode.hess_yp(y, 0.4, p, hyp)
-        out_y, out_p = np.empty(d), np.empty(1)
-        ode.hess_contract(y, 0.4, p, w, out_y, out_p)
-        assert np.allclose(out_y, np.einsum("rc,rce->e", w, hyy), rtol=1e-13, atol=1e-13)
-        assert np.allclose(out_p, np.einsum("rc,rce->e", w, hyp), rtol=1e-13, atol=1e-13)
-        sizes[d] = {path.stat().st_size for path in tmp_path.glob("pnode_*.py")}
-        if d > 5:  # (the full Taylor Jacobians of 20 states take minutes to generate: what taylor_vjp avoids)
-            continue
-        w = rng.normal(size=(4, d))
-        ty, tp = np.empty((4, d, d)), np.empty((4, d, 1))
-        ode.taylor_functions(3)[1](y, 0.4, p, ty, tp)
-        ode.taylor_vjp(3)(y, 0.4, p, w, out_y, out_p)
-        assert np.allclose(out_y, np.einsum("ic,ice->e", w, ty), rtol=1e-12, atol=1e-12)
-        assert np.allclose(out_p, np.einsum("ic,ice->e", w, tp), rtol=1e-12, atol=1e-12)
-        for path in tmp_path.glob("pnode_*.py"):
-            path.rename(path.with_suffix(".done"))
-    # The field, its Jacobians and second derivatives: generated code grows with the non-zero derivatives (4d
-    # of d² Jacobian entries, 5d of d³ second derivatives), not with the d³ entries of the Hessian: 4× the
-    # states, well under 16× the source.
-    assert max(sizes[20]) < 6 * max(sizes[5])
+    small = pn.ODE(_ring, n_states=5, n_theta=1)
+    y, p, w = rng.normal(size=5), np.array([1.3]), rng.normal(size=(5, 5))
+    hyy, hyp = np.empty((5, 5, 5)), np.empty((5, 5, 1))
+    small.hess_yy(y, 0.4, p, hyy)
+    small.hess_yp(y, 0.4, p, hyp)
+    out_y, out_p = np.empty(5), np.empty(1)
+    small.hess_contract(y, 0.4, p, w, out_y, out_p)
+    assert np.allclose(out_y, np.einsum("rc,rce->e", w, hyy), rtol=1e-13, atol=1e-13)
+    assert np.allclose(out_p, np.einsum("rc,rce->e", w, hyp), rtol=1e-13, atol=1e-13)
+    small_sizes = {path.name: path.stat().st_size for path in tmp_path.glob("pnode_*.py")}
+    w = rng.normal(size=(4, 5))
+    ty, tp = np.empty((4, 5, 5)), np.empty((4, 5, 1))
+    small.taylor_functions(3)[1](y, 0.4, p, ty, tp)
+    small.taylor_vjp(3)(y, 0.4, p, w, out_y, out_p)
+    assert np.allclose(out_y, np.einsum("ic,ice->e", w, ty), rtol=1e-12, atol=1e-12)
+    assert np.allclose(out_p, np.einsum("ic,ice->e", w, tp), rtol=1e-12, atol=1e-12)
+    taylor_modules = {path.name for path in tmp_path.glob("pnode_*.py")} - set(small_sizes)
+
+    # 20 states: the contraction against central differences of the Jacobian (the full tensors are what the
+    # contraction avoids generating), and the size of the field's, Jacobians' and contraction's modules.
+    d = 20
+    large = pn.ODE(_ring, n_states=d, n_theta=1)
+    y, w = rng.normal(size=d), rng.normal(size=(d, d))
+    out_y, out_p = np.empty(d), np.empty(1)
+    large.hess_contract(y, 0.4, p, w, out_y, out_p)
+    eps = 1e-6
+    for k in range(d):
+        step = np.zeros(d)
+        step[k] = eps
+        fd = (large.jacobian(y + step, 0.4, p) - large.jacobian(y - step, 0.4, p)) / (2 * eps)
+        assert np.sum(w * fd) == pytest.approx(out_y[k], rel=1e-7, abs=1e-7)
+    fd = (large.jacobian(y, 0.4, p + eps) - large.jacobian(y, 0.4, p - eps)) / (2 * eps)
+    assert np.sum(w * fd) == pytest.approx(out_p[0], rel=1e-7, abs=1e-7)
+    large_sizes = [path.stat().st_size for path in tmp_path.glob("pnode_*.py")
+                   if path.name not in small_sizes and path.name not in taylor_modules]
+    # The field, its Jacobians and second derivatives: generated code grows with the non-zero derivatives (4d of
+    # d² Jacobian entries, 5d of d³ second derivatives), not with their d² and d³ entries: 4× the states, well
+    # under 16× the source.
+    assert len(large_sizes) == 2
+    assert max(large_sizes) < 6 * max(small_sizes.values())
 
 
 def test_taylor_coefficients_lotka_volterra_by_hand(lv_ode):
