@@ -290,8 +290,8 @@ def _initial_state_adjoint(taylor_vjp, args: FenrirArguments, t0: float, mbar: n
 
 # Largest number of states with a kernel of its own (see :func:`_fenrir_kernel`); larger systems share one kernel
 # per order. At d = 4 the own kernel is 1.36× faster but takes ≈ 100 s to compile; compiling one for d = 5 aborted
-# the process inside LLVM ("Instruction does not dominate all uses"; benchmarks/results/scale.md), and the
-# sizes up to 4 were checked for q ≤ 5.
+# the process inside LLVM ("Instruction does not dominate all uses"; benchmarks/results/scale.md). Checked to
+# compile: d = 3, 4 for q = 1…5, d = 2 for q = 4 and the sizes the tests use.
 SPECIALISED_MAX_STATES = 4
 
 
