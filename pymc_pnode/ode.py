@@ -31,6 +31,13 @@ def _gradient(expr: Variable, wrt: Sequence[Variable]) -> list[Variable]:
     return list(pytensor.grad(expr, list(wrt), disconnected_inputs="ignore", return_disconnected="zero"))
 
 
+def _sum(terms: Sequence[Variable]) -> Variable:
+    """The sum of ``terms`` as one graph node (a float64 zero when there are none)."""
+    if not terms:
+        return pt.constant(0.0, dtype="float64")
+    return pt.add(*terms) if len(terms) > 1 else terms[0]
+
+
 class ODE:
     r"""An ordinary differential equation :math:`\dot y = f(y, t, \theta)`.
 
@@ -206,9 +213,9 @@ class ODE:
             weights[weight] = tuple(int(i) for i in np.unravel_index(flat, shape))
             terms.append(weight * expr)
         if terms:
-            grads = _gradient(pt.add(*terms) if len(terms) > 1 else terms[0], [*self._y, *self._p])
+            grads = _gradient(_sum(terms), [*self._y, *self._p])
         else:
-            grads = [pt.constant(0.0, dtype="float64")] * (d + self.n_theta)
+            grads = [_sum([])] * (d + self.n_theta)
         return _codegen.function_source(
             fname, "contract", self._y, self._t, self._p, {"out_y": grads[:d], "out_p": grads[d:]},
             {"out_y": (d,), "out_p": (self.n_theta,)}, entries={"weights": weights},
@@ -236,8 +243,7 @@ class ODE:
                                         return_disconnected="None") if not isinstance(gi, Constant) else [None]
                 terms = [dt] if dt is not None else []
                 terms += [dyj * fj for dyj, fj in zip(dy, self._f) if dyj is not None]
-                nxt.append(pt.add(*terms) if len(terms) > 1 else terms[0] if terms
-                           else pt.constant(0.0, dtype="float64"))
+                nxt.append(_sum(terms))
             g.append(_codegen.canonicalize(nxt, self._inputs))
         self._lie[order] = g
         return g
