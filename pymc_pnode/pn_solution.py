@@ -196,7 +196,7 @@ def probabilistic_solution(
         Shape ``(len(times), n_states)`` each.
     """
     ode = validate_ode(ode)
-    solver = validate_filter(solver)
+    solver = validate_filter(solver, user="pn.probabilistic_solution")
     times = validate_times(times, "times", start=ode.t0)
     if times[-1] <= ode.t0:
         raise ValueError(f"times must reach beyond the ODE's t0={ode.t0}")

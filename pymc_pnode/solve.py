@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from typing import ClassVar
 
 import numpy as np
 
@@ -17,9 +18,11 @@ from pymc_pnode.filtering.odefilter import (
     ForwardRun,
     ForwardStats,
     allocate_run,
+    run_block_filter,
     run_filter,
 )
 from pymc_pnode.filtering.smoother import BackwardKernel, interpolate, sample_backward, smooth
+from pymc_pnode.filtering.structure import DENSE, DIAGONAL, ISOTROPIC, STRUCTURES, initial_root
 from pymc_pnode.filtering.stepping import (
     STATUS_MESSAGES,
     STATUS_NONFINITE,
@@ -42,13 +45,26 @@ def _iwp(order: int) -> IWP:
 
 @dataclass(frozen=True)
 class ODEFilter:
-    """An extended Kalman ODE filter with the IWP(``order``) prior: :class:`EK0` or :class:`EK1`."""
+    """An extended Kalman ODE filter with the IWP(``order``) prior: :class:`EK0` or :class:`EK1`.
+
+    ``structure`` selects the state-space model's covariance (:mod:`pymc_pnode.filtering.structure`):
+    ``"dense"`` (the default), ``"diagonal"`` (one ``(q+1) × (q+1)`` block per state; cost linear in the
+    number of states) or, for the EK0, ``"isotropic"`` (one block shared by all states).
+    """
 
     order: int = 3
+    structure: str = DENSE
     ek1: bool = field(default=True, init=False, repr=False)
+    structures: ClassVar[tuple[str, ...]] = STRUCTURES
 
     def __post_init__(self):
         IWP(self.order)  # validates the order with a clear ValueError
+        if self.structure not in self.structures:
+            hint = (" (an isotropic covariance needs the EK0's zero linearisation: use "
+                    f"EK1({self.order}, structure='diagonal') or EK0({self.order}, structure='isotropic'))"
+                    if self.structure == ISOTROPIC else "")
+            raise ValueError(f"structure must be one of {self.structures} for {type(self).__name__}, "
+                             f"got {self.structure!r}{hint}")
 
     @property
     def prior(self) -> IWP:
@@ -60,10 +76,14 @@ class EK1(ODEFilter):
     """First-order extended Kalman ODE filter (linearises with the Jacobian of the vector field).
 
     Semi-implicit and A-stable; the default solver. ``order`` is the number ``q`` of derivatives
-    of the IWP(q) prior.
+    of the IWP(q) prior. ``structure="diagonal"`` linearises with the diagonal of the Jacobian only and
+    keeps one covariance block per state (Krämer, Bosch, Schmidt & Hennig, 2022): its cost grows
+    linearly with the number of states, at the price of ignoring the Jacobian's couplings in the
+    covariances (the means still see the full vector field).
     """
 
     ek1: bool = field(default=True, init=False, repr=False)
+    structures: ClassVar[tuple[str, ...]] = (DENSE, DIAGONAL)
 
 
 @dataclass(frozen=True)
@@ -72,16 +92,22 @@ class EK0(ODEFilter):
 
     Its stability interval shrinks quickly with the order: with fixed steps prefer ``order <= 3``
     or small steps (``y' = -y`` with ``order=5`` diverges at step 0.05), or use :class:`EK1`.
+    ``structure="isotropic"`` keeps one covariance block shared by all states (``Σ = P ⊗ I_d``; Krämer
+    et al., 2022), exactly the dense EK0's covariance at a cost linear in the number of states.
     """
 
     ek1: bool = field(default=False, init=False, repr=False)
 
 
-def validate_filter(solver) -> ODEFilter:
-    """``solver``, or the default ``EK1(order=3)`` for None; a ``ValueError`` unless it is an EK0 or EK1."""
+def validate_filter(solver, structures: tuple[str, ...] = (DENSE,), user: str = "this function") -> ODEFilter:
+    """``solver``, or the default ``EK1(order=3)`` for None; a ``ValueError`` unless it is an EK0 or EK1 whose
+    structure is one of ``structures`` (those that ``user`` supports)."""
     solver = EK1(order=3) if solver is None else solver
     if not isinstance(solver, ODEFilter):
         raise ValueError(f"solver must be EK0(...) or EK1(...), got {solver!r}")
+    if solver.structure not in structures:
+        raise ValueError(f"solver: {user} supports the structures {structures}, got {solver!r}; "
+                         f"use {type(solver).__name__}({solver.order}) (dense)")
     return solver
 
 
@@ -165,27 +191,47 @@ class ProbabilisticSolution:
         return bool(self.stats["success"])
 
     @cached_property
-    def _smoothing(self):
+    def _groups(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The run as independent groups of states ``(states, means, roots)``, each a dense filter of its own:
+        all states together (dense), or one state per block (block-diagonal and isotropic: the states
+        are independent given the means, :mod:`pymc_pnode.filtering.structure`)."""
+        run, d = self.run, self.ode.n_states
+        if run.r.ndim == 3:
+            return [(np.arange(d), run.mu, run.r)]
+        n_blocks = run.r.shape[1]
+        return [(np.array([i]), np.ascontiguousarray(run.mu[:, i::d]),
+                 np.ascontiguousarray(run.r[:, i if n_blocks > 1 else 0])) for i in range(d)]
+
+    @cached_property
+    def _smoothing(self) -> list:
         q = self.solver.order
         rq = self.solver.prior.Q_bar_sqrt
-        run = self.run
-        if run.grid.size < 2:
-            empty = np.zeros((run.grid.size,) + run.r.shape[1:])
-            return run.mu, run.r, BackwardKernel(empty, np.zeros_like(run.mu), empty)
-        return smooth(run.grid, run.mu, run.r, run.kappa, q, self.ode.n_states, rq)
+        grid, kappa = self.run.grid, self.run.kappa
+        out = []
+        for states, mus, rs in self._groups:
+            if grid.size < 2:
+                empty = np.zeros_like(rs)
+                out.append((mus, rs, BackwardKernel(empty, np.zeros_like(mus), empty)))
+            else:
+                out.append(smooth(grid, mus, rs, kappa, q, states.size, rq))
+        return out
 
-    def _state(self):
+    def _group_states(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``(states, means, roots)`` of each group at the output times (smoothed or filtered)."""
+        idx = self.out_index
         if self._smoothed_wanted:
-            mus, rs = self._smoothing[:2]
-        else:
-            mus, rs = self.run.mu, self.run.r
-        return mus[self.out_index], rs[self.out_index]
+            return [(states, smoothed[0][idx], smoothed[1][idx])
+                    for (states, _, _), smoothed in zip(self._groups, self._smoothing)]
+        return [(states, mus[idx], rs[idx]) for states, mus, rs in self._groups]
 
     @cached_property
     def state_mean(self) -> np.ndarray:
         """Posterior mean of ``(y, y', ..., y^(q))`` at ``t``, shape ``(T, q+1, d)``."""
-        mus, _ = self._state()
-        return mus.reshape(mus.shape[0], self.solver.order + 1, self.ode.n_states)
+        q1 = self.solver.order + 1
+        out = np.empty((self.t.size, q1, self.ode.n_states))
+        for states, mus, _ in self._group_states():
+            out[:, :, states] = mus.reshape(mus.shape[0], q1, states.size)
+        return out
 
     @cached_property
     def mean(self) -> np.ndarray:
@@ -193,9 +239,12 @@ class ProbabilisticSolution:
 
     @cached_property
     def cov(self) -> np.ndarray:
-        _, rs = self._state()
-        r0 = rs[:, :, : self.ode.n_states]
-        return np.einsum("nki,nkj->nij", r0, r0)
+        d = self.ode.n_states
+        out = np.zeros((self.t.size, d, d))
+        for states, _, rs in self._group_states():
+            r0 = rs[:, :, : states.size]
+            out[:, states[:, None], states[None, :]] = np.einsum("nki,nkj->nij", r0, r0)
+        return out
 
     @cached_property
     def std(self) -> np.ndarray:
@@ -210,27 +259,29 @@ class ProbabilisticSolution:
         if int(n) != n or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
         rng = np.random.default_rng(rng)
-        kernels = self._smoothing[2]
-        z = rng.standard_normal((int(n),) + self.run.mu.shape)
-        draws = sample_backward(self.run.mu[-1], self.run.r[-1], kernels, z)
-        return draws[:, self.out_index, : self.ode.n_states]
+        out = np.empty((int(n), self.t.size, self.ode.n_states))
+        for (states, mus, rs), (_, _, kernels) in zip(self._groups, self._smoothing):
+            z = rng.standard_normal((int(n),) + mus.shape)
+            draws = sample_backward(mus[-1], rs[-1], kernels, z)
+            out[:, :, states] = draws[:, self.out_index, : states.size]
+        return out
 
     def interpolate(self, times) -> tuple[np.ndarray, np.ndarray]:
         """Dense output: smoothed mean ``(T', d)`` and covariance ``(T', d, d)`` at any ``times``."""
         run = self.run
         times = validate_times(times, "times", span=(run.grid[0], run.grid[-1]))
-        smoothed = self._smoothing[:2]
         q, d = self.solver.order, self.ode.n_states
         rq = self.solver.prior.Q_bar_sqrt
-        dd = (q + 1) * d
         mean = np.empty((times.size, d))
-        cov = np.empty((times.size, d, d))
-        mu = np.empty(dd)
-        r = np.empty((dd, dd))
-        for i, t in enumerate(times):
-            interpolate(t, run.grid, run.mu, run.r, run.kappa, smoothed, rq, q, d, (mu, r))
-            mean[i] = mu[:d]
-            cov[i] = r[:, :d].T @ r[:, :d]
+        cov = np.zeros((times.size, d, d))
+        for (states, mus, rs), smoothed in zip(self._groups, self._smoothing):
+            dd = mus.shape[1]
+            mu, r = np.empty(dd), np.empty((dd, dd))
+            block = np.ix_(states, states)
+            for i, t in enumerate(times):
+                interpolate(t, run.grid, mus, rs, run.kappa, smoothed[:2], rq, q, states.size, (mu, r))
+                mean[i, states] = mu[: states.size]
+                cov[i][block] = r[:, : states.size].T @ r[:, : states.size]
         return mean, cov
 
     def to_xarray(self):
@@ -321,7 +372,7 @@ def solve(
         For invalid arguments (shapes, times, step, tolerances, order, diffusion).
     """
     ode = validate_ode(ode)
-    solver = validate_filter(solver)
+    solver = validate_filter(solver, STRUCTURES, "pn.solve")
     y0 = ode.validate_y0(y0)
     theta = ode.validate_theta(theta)
     t0, t1 = validate_t_span(t_span)
@@ -345,15 +396,17 @@ def solve(
     coeffs = np.empty((q + 1, d))
     taylor(y0, t0, theta, coeffs)
     mu0 = coeffs.reshape(-1).copy()
+    r0 = initial_root(solver.structure, q, d)
     if not np.all(np.isfinite(mu0)):
-        run = allocate_run(1, q, d, False)
+        run = allocate_run(1, q, d, False, r0)
         run.grid[0], run.mu[0], run.r[0], run.kappa[0] = t0, mu0, 0.0, 0.0
         counts = ForwardStats(0, 0, 0, STATUS_NONFINITE, 0.0, 0.0)
     else:
         h0 = initial_step_size(ode.rhs, y0, t0, theta, float(rtol), float(atol)) if adaptive else 0.0
         stepping = Stepping(adaptive, min(h0, t1 - t0), float(rtol), float(atol), max_steps, False)
-        run, counts = run_filter(ode.rhs, ode.jac_y, theta, solver.ek1, mu0, prior.Q_bar_sqrt,
-                                 Diffusion(mode, kappa), stepping, grid)
+        kernel = run_filter if solver.structure == DENSE else run_block_filter
+        run, counts = kernel(ode.rhs, ode.jac_y, theta, solver.ek1, mu0, r0, prior.Q_bar_sqrt,
+                             Diffusion(mode, kappa), stepping, grid)
     sigma2 = kappa
     if mode == DIFFUSION_GLOBAL:
         sigma2 = global_kappa(counts.stat_sum, counts.n_steps, d)

@@ -7,6 +7,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from pymc_pnode.ode import ODE
+from pymc_pnode.filtering.structure import STRUCTURES
 from pymc_pnode.solve import ODEFilter, solve, validate_filter
 
 __all__ = ["posterior_trajectories"]
@@ -97,7 +98,7 @@ def posterior_trajectories(
     else:
         kappas = [diffusion] * pick.size
     times = np.linspace(*t_span, n_points) if times is None else np.asarray(times, dtype=float)
-    solver = validate_filter(solver)
+    solver = validate_filter(solver, STRUCTURES, "posterior_trajectories")
     mean = np.full((pick.size, times.size, ode.n_states), np.nan)
     std = np.full_like(mean, np.nan)
     ok = np.zeros(pick.size, dtype=bool)

@@ -370,7 +370,8 @@ def _fenrir_kernel(q: int, n_states: int):
         control = Stepping(c.adaptive, h0, c.rtol, c.atol, c.max_steps, True)
         mode = args.diffusion_mode
         kappa = args.kappa if mode == DIFFUSION_FIXED else 1.0
-        run, stats = forward_pass(field, mu0, rq, q, d, Diffusion(DIFFUSION_FIXED, kappa), control, stops, True)
+        run, stats = forward_pass(field, mu0, np.zeros((dd, dd)), rq, q, d, Diffusion(DIFFUSION_FIXED, kappa),
+                                  control, stops, True)
         info[0], info[2], info[3], info[4] = stats.max_error, stats.n_steps, stats.n_rejected, stats.status
         if stats.status != STATUS_SUCCESS:
             return terms, grad, False, info, stops[:1]

@@ -17,9 +17,8 @@ import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use
-from pymc_pnode.filtering.calibration import floored_kappa, local_error, local_error_work
+from pymc_pnode.filtering.calibration import floored_kappa, local_error_work
 from pymc_pnode.filtering.linalg import all_finite
-from pymc_pnode.filtering.predict import predict_root
 from pymc_pnode.filtering.prior import apply_transition, set_step
 from pymc_pnode.filtering.stepping import (
     STATUS_DIVERGED,
@@ -32,7 +31,8 @@ from pymc_pnode.filtering.stepping import (
     grow_rows,
     propose_step,
 )
-from pymc_pnode.filtering.update import VectorField, linearisation_work, linearise, update_sqrt
+from pymc_pnode.filtering.structure import block_rows, predict_roots, step_error, update_roots
+from pymc_pnode.filtering.update import VectorField, linearisation_work, linearise
 
 DIFFUSION_FIXED = 0
 DIFFUSION_GLOBAL = 1
@@ -59,10 +59,10 @@ StepWork = namedtuple("StepWork", ["m_pred", "m_upd", "w"])
 
 
 @nb.njit(**INLINE_JIT)
-def step_work(q: int, d: int) -> StepWork:
-    """Work arrays of one prediction (its stack) and update (its stack and a vector) for order ``q``, ``d`` states."""
-    dd = (q + 1) * d
-    return StepWork(np.empty((dd + 1, 2 * dd)), np.empty((d + dd + 1, dd)), np.empty(d))
+def step_work(size: int, rows: int) -> StepWork:
+    """Work arrays of one prediction (its stack) and update (its stack and a vector) of one covariance block
+    of state length ``size`` observing ``rows`` ODE-information rows (:func:`~.structure.block_rows`)."""
+    return StepWork(np.empty((size + 1, 2 * size)), np.empty((rows + size + 1, size)), np.empty(rows))
 
 
 @nb.njit(**INLINE_JIT)
@@ -72,13 +72,14 @@ def update_finite(stat: float, mu: np.ndarray, r: np.ndarray) -> bool:
 
 
 @nb.njit(**INLINE_JIT)
-def allocate_run(cap: int, q: int, d: int, keep: bool) -> ForwardRun:
-    """An uninitialised :data:`ForwardRun` with room for ``cap`` grid points (one kept row unless ``keep``)."""
+def allocate_run(cap: int, q: int, d: int, keep: bool, r0: np.ndarray) -> ForwardRun:
+    """An uninitialised :data:`ForwardRun` with room for ``cap`` grid points (one kept row unless ``keep``),
+    its roots shaped like ``r0`` (the structure, :mod:`.structure`)."""
     dd = (q + 1) * d
     kept = cap if keep else 1
     return ForwardRun(
-        np.empty(cap), np.empty(cap, dtype=np.int64), np.empty((cap, dd)), np.zeros((cap, dd, dd)),
-        np.empty((kept, dd)), np.empty((kept, dd, dd)), np.zeros((kept, d, d)), np.empty((kept, d)),
+        np.empty(cap), np.empty(cap, dtype=np.int64), np.empty((cap, dd)), np.zeros((cap,) + r0.shape),
+        np.empty((kept, dd)), np.empty((kept,) + r0.shape), np.zeros((kept, d, d)), np.empty((kept, d)),
         np.zeros((kept, 3, q + 1)), np.empty(cap), np.empty(cap),
     )
 
@@ -105,10 +106,11 @@ def _truncate_run(run: ForwardRun, n_pts: int, keep: bool) -> ForwardRun:
 
 @nb.njit(**INLINE_JIT)
 def forward_pass(
-    field: VectorField, mu0: np.ndarray, rq: np.ndarray, q: int, d: int, diffusion: Diffusion,
+    field: VectorField, mu0: np.ndarray, r0: np.ndarray, rq: np.ndarray, q: int, d: int, diffusion: Diffusion,
     control: Stepping, stops: np.ndarray, keep: bool,
 ) -> tuple[ForwardRun, ForwardStats]:
-    """Forward pass of the EK0/EK1 square-root filter from ``N(mu0, 0)`` at ``stops[0]``.
+    """Forward pass of the EK0/EK1 square-root filter from ``N(mu0, 0)`` at ``stops[0]``, with the state-space
+    structure of the zero root ``r0`` (:mod:`.structure`).
 
     Fixed steps (``control.adaptive`` false) walk ``stops`` exactly. Adaptive steps hit every later entry
     of ``stops`` (output times and the end point) exactly, choosing the steps in between with the local
@@ -127,7 +129,7 @@ def forward_pass(
     estimate = adaptive or local or control.report_error
     rhs, theta = field.rhs, field.theta
     cap = n_stops if not adaptive else max(64, 2 * n_stops)
-    run = allocate_run(cap, q, d, keep)
+    run = allocate_run(cap, q, d, keep, r0)
     # The run's arrays as locals: numba counts a reference at every read of a tuple member, so the loop
     # reads none.
     grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa_used, local_kappas = run
@@ -137,8 +139,9 @@ def forward_pass(
     kappa_used[0] = 0.0
     local_kappas[0] = 0.0
     xi, f_post, jac = linearisation_work(d)
-    m_pred, m_upd, w = step_work(q, d)
-    err_work = local_error_work(q, d)
+    size, rows = block_rows(r0, q)
+    m_pred, m_upd, w = step_work(size, rows)
+    err_work = local_error_work(q, rows)
     tol = (control.rtol, control.atol)
     n = n_rej = 0
     n_f = 0
@@ -178,8 +181,8 @@ def forward_pass(
             err = 0.0
             local_kappa = 1.0
             if estimate:
-                err, local_kappa = local_error(step, rq, q, d, lin_p, zhat_p, mu_prev, mu_pred_p,
-                                               (h_try, tol[0], tol[1]), err_work)
+                err, local_kappa = step_error(r_prev, step, rq, q, d, lin_p, zhat_p, mu_prev, mu_pred_p,
+                                              (h_try, tol[0], tol[1]), err_work)
             if adaptive:
                 accepted, h, err_prev = control_step(err, h_try, h, err_prev, hit_stop, q)
                 if not accepted:
@@ -188,8 +191,8 @@ def forward_pass(
             local_kappa = floored_kappa(local_kappa)
             kappa = local_kappa if local else diffusion.kappa
             step[2, 0] = math.sqrt(kappa)
-            predict_root(r_prev, step, rq, q, d, m_pred, r_pred_p)
-            stat = update_sqrt(r_pred_p, mu_pred_p, lin_p, zhat_p, q, d, m_upd, w, mu_p, r_p)
+            predict_roots(r_prev, step, rq, q, d, m_pred, r_pred_p)
+            stat = update_roots(r_pred_p, mu_pred_p, lin_p, zhat_p, q, d, m_upd, w, mu_p, r_p)
             if not update_finite(stat, mu_p, r_p):
                 status = STATUS_NONFINITE
                 break
@@ -237,14 +240,14 @@ def refilter(field: VectorField, run: ForwardRun, rq: np.ndarray, q: int, d: int
     _, _, mu, r, mu_pred, r_pred, lin, zhat, _, _, _ = new
     mu[0] = run.mu[0]
     xi, fx, jac = linearisation_work(d)
-    m_pred, m_upd, w = step_work(q, d)
+    m_pred, m_upd, w = step_work(*block_rows(run.r[0], q))
     for p in range(1, n_pts):
         step = steps[p]
         step[2, 0] = math.sqrt(kappas[p])
         apply_transition(step, q, d, mu[p - 1], mu_pred[p])
         linearise(field, grid[p], mu_pred[p], d, xi, fx, jac, lin[p], zhat[p])
-        predict_root(r[p - 1], step, rq, q, d, m_pred, r_pred[p])
-        stat = update_sqrt(r_pred[p], mu_pred[p], lin[p], zhat[p], q, d, m_upd, w, mu[p], r[p])
+        predict_roots(r[p - 1], step, rq, q, d, m_pred, r_pred[p])
+        stat = update_roots(r_pred[p], mu_pred[p], lin[p], zhat[p], q, d, m_upd, w, mu[p], r[p])
         if not update_finite(stat, mu[p], r[p]):
             return new, False
     return new, True
@@ -267,18 +270,26 @@ def rescale_roots(run: ForwardRun, kappa: float) -> None:
 
 
 _DIFFUSION_T = nb.types.NamedTuple([nb.int64, nb.float64], Diffusion)
-# Explicit signature: the vector field arrives as a first-class function type, so this kernel is
-# compiled (and cached on disk) once for every ODE instead of once per ODE — at its first call, not at import.
-_RUN_FILTER_SIG = (VEC_FN, MAT_FN, nb.float64[::1], nb.boolean, nb.float64[::1], nb.float64[:, ::1], _DIFFUSION_T,
-                   STEPPING_T, nb.float64[::1])
 
 
-@compile_on_first_use(_RUN_FILTER_SIG, **INLINE_JIT)
-def run_filter(rhs, jac_y, theta, ek1, mu0, rq, diffusion, control, stops):
-    """:func:`forward_pass` for ``pn.solve``: IWP order and states from ``rq`` and ``mu0``, nothing kept.
+def _run_filter(rhs, jac_y, theta, ek1, mu0, r0, rq, diffusion, control, stops):
+    """:func:`forward_pass` for ``pn.solve``: IWP order and states from ``rq`` and ``mu0``, the structure from
+    the zero root ``r0``, nothing kept.
 
     Returns ``(run, stats)``.
     """
     q = rq.shape[0] - 1
     d = mu0.shape[0] // (q + 1)
-    return forward_pass(VectorField(rhs, jac_y, theta, ek1), mu0, rq, q, d, diffusion, control, stops, False)
+    return forward_pass(VectorField(rhs, jac_y, theta, ek1), mu0, r0, rq, q, d, diffusion, control, stops, False)
+
+
+# Explicit signatures: the vector field arrives as a first-class function type, so each kernel is compiled
+# (and cached on disk) once for every ODE instead of once per ODE — at its first call, not at import. One
+# kernel per rank of the root: dense, and block-diagonal or isotropic (:mod:`.structure`).
+def _run_filter_signature(root_type):
+    return (VEC_FN, MAT_FN, nb.float64[::1], nb.boolean, nb.float64[::1], root_type, nb.float64[:, ::1],
+            _DIFFUSION_T, STEPPING_T, nb.float64[::1])
+
+
+run_filter = compile_on_first_use(_run_filter_signature(nb.float64[:, ::1]), **INLINE_JIT)(_run_filter)
+run_block_filter = compile_on_first_use(_run_filter_signature(nb.float64[:, :, ::1]), **INLINE_JIT)(_run_filter)

@@ -101,7 +101,7 @@ class FenrirProblem:
     @classmethod
     def build(cls, ode, times, data_shape, obs_matrix, n_sigma, solver, control, diffusion_mode, label="Fenrir"):
         ode = validate_ode(ode)
-        solver = validate_filter(solver)
+        solver = validate_filter(solver, user="the Fenrir likelihood")
         times = validate_times(times, "times", start=ode.t0)
         d = ode.n_states
         cmat = validate_obs_matrix(obs_matrix, d)

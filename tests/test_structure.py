@@ -1,0 +1,145 @@
+"""State-space structures (isotropic EK0, block-diagonal EK1): equal to the dense filter where the maths says so."""
+
+import numba as nb
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+import pymc_pnode as pn
+from pymc_pnode._codegen import SIG_MAT
+from pymc_pnode.filtering.odefilter import Diffusion, run_block_filter, run_filter
+from pymc_pnode.filtering.stepping import Stepping
+from pymc_pnode.filtering.structure import initial_root
+from pymc_pnode.solve import DIFFUSION_FIXED, ProbabilisticSolution, fixed_grid
+
+D = 5
+
+
+def reaction_diffusion(y, t, p):
+    # A periodic chain with cubic reaction: the Jacobian's diagonal -3 a y_i² - 2 b differs between states
+    # and changes in time, and the off-diagonal couplings b are what the diagonal EK1 leaves out.
+    return [-p[0] * y[i] ** 3 + p[1] * (y[i - 1] - 2 * y[i] + y[(i + 1) % D]) + p[2] * np.sin(i) for i in range(D)]
+
+
+@pytest.fixture(scope="module")
+def chain_ode():
+    return pn.ODE(reaction_diffusion, n_states=D, n_theta=3)
+
+
+Y0 = np.array([1.0, -0.5, 0.3, 0.8, -1.2])
+THETA = np.array([1.0, 0.7, 0.4])
+SAVE = np.linspace(0.0, 2.0, 9)
+
+
+def _assert_same_solution(a, b, tol=1e-9):
+    assert a.stats["n_steps"] == b.stats["n_steps"] and a.stats["success"] and b.stats["success"]
+    assert np.array_equal(a.t, b.t)
+    scale = 1.0 + np.abs(a.mean)
+    assert np.max(np.abs(a.mean - b.mean) / scale) < tol
+    assert np.allclose(a.cov, b.cov, rtol=1e-7, atol=1e-14 * np.max(np.abs(a.cov)))
+    assert np.isclose(a.stats["diffusion"], b.stats["diffusion"], rtol=1e-8)
+
+
+@pytest.mark.parametrize("diffusion", ["calibrated", "local", 0.3])
+@pytest.mark.parametrize("step", [0.02, None], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("structure", ["isotropic", "diagonal"])
+def test_structured_ek0_equals_dense_ek0(chain_ode, diffusion, step, structure):
+    """Under the EK0 (L = 0) with one scalar diffusion the dense covariance is P ⊗ I_d: the isotropic and the
+    block-diagonal EK0 are the same filter, smoothed marginals and dense output included."""
+    kwargs = dict(save_at=SAVE, step=step, diffusion=diffusion, rtol=1e-5, atol=1e-7)
+    dense = pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), solver=pn.EK0(3), **kwargs)
+    structured = pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), solver=pn.EK0(3, structure), **kwargs)
+    _assert_same_solution(dense, structured)
+    assert np.all(structured.std[1:] > 0.0)
+    raw = dict(kwargs, smooth=False)
+    _assert_same_solution(pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), solver=pn.EK0(3), **raw),
+                          pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), solver=pn.EK0(3, structure), **raw))
+    off_grid = np.array([0.13, 0.91, 1.77])
+    m_dense, c_dense = dense.interpolate(off_grid)
+    m_struct, c_struct = structured.interpolate(off_grid)
+    assert np.allclose(m_dense, m_struct, rtol=1e-9, atol=1e-12)
+    assert np.allclose(c_dense, c_struct, rtol=1e-7, atol=1e-14 * np.max(np.abs(c_dense)))
+
+
+def _diagonal_of(jac_y, d):
+    """The Jacobian with its off-diagonal entries zeroed, as the first-class function the dense filter takes."""
+
+    @nb.njit(SIG_MAT)
+    def diagonal_jacobian(y, t, p, out):
+        full = np.empty((d, d))
+        jac_y(y, t, p, full)
+        out[:, :] = 0.0
+        for i in range(d):
+            out[i, i] = full[i, i]
+
+    return diagonal_jacobian
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+def test_diagonal_ek1_equals_dense_ek1_with_the_jacobians_diagonal(chain_ode, adaptive):
+    """The block-diagonal EK1 is the dense EK1 run with L = diag(∂f/∂y): same grid, means, covariances,
+    calibration, smoothing and dense output."""
+    q = 3
+    solver = pn.EK1(q, "diagonal")
+    rq = solver.prior.Q_bar_sqrt
+    coeffs = np.empty((q + 1, D))
+    chain_ode.taylor_coefficients(q)(Y0, 0.0, THETA, coeffs)
+    mu0 = coeffs.reshape(-1).copy()
+    grid = fixed_grid(SAVE, 0.05) if not adaptive else SAVE
+    stepping = Stepping(adaptive, 1e-3, 1e-6, 1e-8, 10_000, False)
+    diffusion = Diffusion(DIFFUSION_FIXED, 0.5)
+    dense_run, dense_stats = run_filter(chain_ode.rhs, _diagonal_of(chain_ode.jac_y, D), THETA, True, mu0,
+                                        initial_root("dense", q, D), rq, diffusion, stepping, grid)
+    block_run, block_stats = run_block_filter(chain_ode.rhs, chain_ode.jac_y, THETA, True, mu0,
+                                              initial_root("diagonal", q, D), rq, diffusion, stepping, grid)
+    assert dense_stats.status == block_stats.status == 0
+    assert dense_stats.n_steps == block_stats.n_steps and dense_stats.n_rejected == block_stats.n_rejected
+    assert np.isclose(dense_stats.stat_sum, block_stats.stat_sum, rtol=1e-9)
+    np.testing.assert_allclose(block_run.grid, dense_run.grid, rtol=1e-9)  # adaptive steps: rounding
+    np.testing.assert_allclose(block_run.mu, dense_run.mu, rtol=1e-8, atol=1e-11 * np.max(np.abs(dense_run.mu)))
+
+    def solution(run, solver):
+        out = np.nonzero(np.isin(run.grid, SAVE))[0]
+        return ProbabilisticSolution(chain_ode, THETA, solver, run, out, {}, True)
+
+    dense, block = solution(dense_run, pn.EK1(q)), solution(block_run, solver)
+    np.testing.assert_allclose(block.mean, dense.mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(block.cov, dense.cov, rtol=1e-7, atol=1e-14 * np.max(np.abs(dense.cov)))
+    off_grid = np.array([0.07, 1.31])
+    for a, b in zip(block.interpolate(off_grid), dense.interpolate(off_grid)):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-14 * np.max(np.abs(b)))
+
+
+@pytest.mark.parametrize("solver", [pn.EK1(4, "diagonal"), pn.EK0(4, "isotropic")], ids=["EK1-diagonal", "EK0-isotropic"])
+def test_structured_solvers_converge_to_the_scipy_solution(chain_ode, solver):
+    ref = solve_ivp(lambda t, y: chain_ode.f(y, t, THETA), (0.0, 2.0), Y0, method="DOP853", rtol=1e-12,
+                    atol=1e-12, t_eval=SAVE).y.T
+    sol = pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), solver=solver, save_at=SAVE, rtol=1e-8, atol=1e-10)
+    assert sol.success
+    assert np.max(np.abs(sol.mean - ref) / (1.0 + np.abs(ref))) < 1e-6
+    assert np.all(np.isfinite(sol.std)) and np.all(sol.std[1:] > 0.0)
+
+
+def test_block_diagonal_samples_match_the_posterior_moments(chain_ode, rng):
+    sol = pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), solver=pn.EK1(2, "diagonal"), step=0.1, save_at=SAVE)
+    draws = sol.sample(4000, rng=rng)
+    assert draws.shape == (4000, SAVE.size, D)
+    later = slice(1, None)  # the initial state is exact
+    se = sol.std[later] / np.sqrt(draws.shape[0])
+    assert np.all(np.abs(draws.mean(axis=0)[later] - sol.mean[later]) < 5 * se)
+    np.testing.assert_allclose(draws.std(axis=0)[later], sol.std[later], rtol=0.1)
+    # States are independent under the block-diagonal posterior.
+    corr = np.corrcoef(draws[:, -1, 0], draws[:, -1, 1])[0, 1]
+    assert abs(corr) < 0.1
+
+
+def test_structure_errors_name_the_structure(chain_ode):
+    with pytest.raises(ValueError, match="structure.*isotropic.*EK0"):
+        pn.EK1(3, "isotropic")
+    with pytest.raises(ValueError, match="structure must be one of"):
+        pn.EK0(3, "banded")
+    with pytest.raises(ValueError, match="solver: .*supports the structures"):
+        pn.probabilistic_solution(chain_ode, Y0, THETA, SAVE, solver=pn.EK1(3, "diagonal"))
+    with pytest.raises(ValueError, match="solver: .*supports the structures"):
+        pn.fenrir_loglik(chain_ode, Y0, THETA, SAVE, np.zeros((SAVE.size, D)), obs_sigma=0.1,
+                         solver=pn.EK1(3, "diagonal"), step=0.1)
