@@ -22,7 +22,6 @@ from pymc_pnode.filtering.odefilter import (
     run_filter,
 )
 from pymc_pnode.filtering.smoother import BackwardKernel, interpolate, sample_backward, smooth
-from pymc_pnode.filtering.structure import DENSE, DIAGONAL, ISOTROPIC, STRUCTURES, initial_root
 from pymc_pnode.filtering.stepping import (
     STATUS_MESSAGES,
     STATUS_NONFINITE,
@@ -30,6 +29,7 @@ from pymc_pnode.filtering.stepping import (
     Stepping,
     initial_step_size,
 )
+from pymc_pnode.filtering.structure import DENSE, DIAGONAL, ISOTROPIC, STRUCTURES, initial_root
 from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
 from pymc_pnode.validation import as_positive_int, validate_step, validate_t_span, validate_times

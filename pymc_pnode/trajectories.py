@@ -6,8 +6,8 @@ import numpy as np
 import xarray as xr
 from tqdm.auto import tqdm
 
-from pymc_pnode.ode import ODE
 from pymc_pnode.filtering.structure import STRUCTURES
+from pymc_pnode.ode import ODE
 from pymc_pnode.solve import ODEFilter, solve, validate_filter
 
 __all__ = ["posterior_trajectories"]

@@ -110,7 +110,8 @@ def test_diagonal_ek1_equals_dense_ek1_with_the_jacobians_diagonal(chain_ode, ad
         np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-14 * np.max(np.abs(b)))
 
 
-@pytest.mark.parametrize("solver", [pn.EK1(4, "diagonal"), pn.EK0(4, "isotropic")], ids=["EK1-diagonal", "EK0-isotropic"])
+@pytest.mark.parametrize("solver", [pn.EK1(4, "diagonal"), pn.EK0(4, "isotropic")],
+                         ids=["EK1-diagonal", "EK0-isotropic"])
 def test_structured_solvers_converge_to_the_scipy_solution(chain_ode, solver):
     ref = solve_ivp(lambda t, y: chain_ode.f(y, t, THETA), (0.0, 2.0), Y0, method="DOP853", rtol=1e-12,
                     atol=1e-12, t_eval=SAVE).y.T
