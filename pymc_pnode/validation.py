@@ -115,6 +115,17 @@ def validate_obs_matrix(obs_matrix, n_states: int, name: str = "obs_matrix") -> 
     return np.ascontiguousarray(cmat)
 
 
+def validate_state_selection(cmat: np.ndarray, structure: str, name: str = "obs_matrix") -> None:
+    """A ``ValueError`` unless every row of ``cmat`` observes one state (a scaled selection), which a
+    block-diagonal or isotropic filter can condition on state by state (:mod:`pymc_pnode.filtering.structure`)."""
+    for row, entries in enumerate(cmat):
+        states = np.flatnonzero(entries)
+        if states.size != 1:
+            raise ValueError(f"{name} row {row} combines the states {states.tolist()}: the {structure!r} structure "
+                             f"keeps the states' covariances independent and can only observe one state per row; "
+                             f"use structure='dense' for observations that mix states")
+
+
 def validate_data(
     data, n_times: int, n_observed: int, *, allow_missing: bool = True, name: str = "data"
 ) -> np.ndarray:

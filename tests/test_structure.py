@@ -4,6 +4,7 @@ import numba as nb
 import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
+from scipy.stats import norm
 
 import pymc_pnode as pn
 from pymc_pnode._codegen import SIG_MAT
@@ -11,6 +12,7 @@ from pymc_pnode.filtering.odefilter import Diffusion, run_block_filter, run_filt
 from pymc_pnode.filtering.stepping import Stepping
 from pymc_pnode.filtering.structure import initial_root
 from pymc_pnode.solve import DIFFUSION_FIXED, ProbabilisticSolution, fixed_grid
+from tests.conftest import assert_gradient_matches_central_differences
 
 D = 5
 
@@ -141,6 +143,75 @@ def test_structure_errors_name_the_structure(chain_ode):
         pn.EK0(3, "banded")
     with pytest.raises(ValueError, match="solver: .*supports the structures"):
         pn.probabilistic_solution(chain_ode, Y0, THETA, SAVE, solver=pn.EK1(3, "diagonal"))
-    with pytest.raises(ValueError, match="solver: .*supports the structures"):
-        pn.fenrir_loglik(chain_ode, Y0, THETA, SAVE, np.zeros((SAVE.size, D)), obs_sigma=0.1,
-                         solver=pn.EK1(3, "diagonal"), step=0.1)
+
+
+# ---------------------------------------------------------------------------------------------- Fenrir
+TIMES = np.linspace(0.2, 2.0, 10)
+# Three observed states, one of them scaled: a selection every structure can condition on state by state.
+CMAT = np.eye(D)[[0, 2, 3]] * np.array([[1.0], [2.0], [1.0]])
+
+
+@pytest.fixture(scope="module")
+def chain_data(chain_ode):
+    truth = pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), save_at=TIMES, rtol=1e-11, atol=1e-13).mean @ CMAT.T
+    data = truth + 0.1 * np.random.default_rng(3).standard_normal(truth.shape)
+    data[4, 1] = np.nan  # a missing value is skipped
+    return truth, data
+
+
+def _problem(chain_ode, data, solver, diffusion, step):
+    from pymc_pnode.likelihoods.fenrir import FenrirProblem, StepControl, diffusion_mode
+
+    return FenrirProblem.build(chain_ode, TIMES, data.shape, CMAT, 3, solver, StepControl(step=step),
+                               diffusion_mode(diffusion))
+
+
+@pytest.mark.filterwarnings("ignore::pymc_pnode.AccuracyWarning")  # a coarse step on purpose: equal, not accurate
+@pytest.mark.parametrize("diffusion", [None, "global", 0.3], ids=["local", "global", "fixed"])
+@pytest.mark.parametrize("step", [0.05, None], ids=["fixed", "adaptive"])
+def test_structured_ek0_fenrir_equals_dense_ek0_fenrir(chain_ode, chain_data, diffusion, step):
+    """Values and exact gradients of the isotropic and block-diagonal EK0 Fenrir likelihoods equal the dense
+    EK0's (the same Gaussian model): the block adjoints, the shared block's accumulated adjoint and the
+    per-state data filters against the dense kernel."""
+    _, data = chain_data
+    args = (Y0, THETA, data, np.array([0.1, 0.2, 0.15]), 0.3 if diffusion == 0.3 else 1.0, np.linspace(1, 2, 10))
+    terms, grad = _problem(chain_ode, data, pn.EK0(3), diffusion, step).evaluate(*args)
+    assert np.all(np.isfinite(terms)) and np.any(grad != 0.0)
+    for structure in ("isotropic", "diagonal"):
+        s_terms, s_grad = _problem(chain_ode, data, pn.EK0(3, structure), diffusion, step).evaluate(*args)
+        np.testing.assert_allclose(s_terms, terms, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(s_grad, grad, rtol=1e-7, atol=1e-9 * np.max(np.abs(grad)))
+
+
+@pytest.mark.parametrize("diffusion", [None, "global", "fixed"])
+def test_exact_gradient_diagonal_ek1_fenrir(chain_ode, chain_data, diffusion):
+    _, data = chain_data
+
+    def loglik(y0, theta, sigma, *kappa):
+        return pn.fenrir_loglik(chain_ode, y0, theta, TIMES, data, obs_matrix=CMAT, obs_sigma=sigma,
+                                diffusion=kappa[0] if kappa else diffusion, solver=pn.EK1(3, "diagonal"), step=0.01)
+
+    point = [Y0, THETA, np.array([0.1, 0.2, 0.15])] + ([np.array(0.5)] if diffusion == "fixed" else [])
+    assert_gradient_matches_central_differences(loglik, point, eps=[1e-6, 1e-6, 1e-6, 1e-4])
+
+
+@pytest.mark.parametrize("solver", [pn.EK1(3, "diagonal"), pn.EK0(3, "isotropic")],
+                         ids=["EK1-diagonal", "EK0-isotropic"])
+def test_structured_fenrir_approaches_the_exact_gaussian_loglik(chain_ode, chain_data, solver):
+    truth, data = chain_data
+    seen = ~np.isnan(data)
+    exact = norm(truth[seen], 0.1).logpdf(data[seen]).sum()
+    value = pn.fenrir_loglik(chain_ode, Y0, THETA, TIMES, data, obs_matrix=CMAT, obs_sigma=0.1, diffusion=1e-8,
+                             solver=solver, step=0.005).eval()
+    assert abs(value - exact) < 1e-5 * abs(exact), (value, exact)
+    default = pn.fenrir_loglik(chain_ode, Y0, THETA, TIMES, data, obs_matrix=CMAT, obs_sigma=0.1,
+                               solver=solver).eval()
+    assert abs(default - exact) < 0.01 * abs(exact), (default, exact)
+
+
+@pytest.mark.parametrize("structure", ["isotropic", "diagonal"])
+def test_observations_that_mix_states_need_the_dense_structure(chain_ode, structure):
+    mixing = np.array([[1.0, 1.0, 0.0, 0.0, 0.0]])
+    with pytest.raises(ValueError, match=r"obs_matrix row 0 combines the states \[0, 1\].*structure='dense'"):
+        pn.fenrir_loglik(chain_ode, Y0, THETA, TIMES, np.zeros((TIMES.size, 1)), obs_matrix=mixing, obs_sigma=0.1,
+                         solver=pn.EK0(3, structure))

@@ -27,14 +27,13 @@ from collections import namedtuple
 
 import numba as nb
 import numpy as np
+from numba.core.extending import overload
 
 from pymc_pnode._codegen import CONTRACT_FN, MAT_FN, VEC_FN
-from pymc_pnode._jit import COMPILE_LOCK, INLINE_JIT, slp_vectorization
+from pymc_pnode._jit import COMPILE_LOCK, INLINE_JIT, OVERLOAD_JIT, slp_vectorization
 from pymc_pnode.filtering.calibration import (
     KAPPA_FLOOR,
     global_kappa,
-    local_error_work,
-    local_kappa_adjoint,
 )
 from pymc_pnode.filtering.data_update import (
     ObservationModel,
@@ -68,17 +67,25 @@ from pymc_pnode.filtering.stepping import (
     Stepping,
     initial_step_size,
 )
+from pymc_pnode.filtering.structure import (
+    DENSE,
+    UpdatePrimal,
+    adjoint_work,
+    gather_state,
+    gram,
+    member_type,
+    ode_update_adjoint,
+    prediction_adjoint,
+    scatter_state,
+)
 from pymc_pnode.filtering.update import (
     Cotangent,
     FieldDerivatives,
     GaussianObservation,
-    LinearisationCotangents,
     UpdateAdjointOut,
     VectorField,
     linearisation_adjoint_work,
     linearise_adjoint,
-    ode_observation_matrix,
-    update_adjoint,
     update_adjoint_work,
 )
 
@@ -86,24 +93,30 @@ from pymc_pnode.filtering.update import (
 # only as separate arguments). ``stops`` are the grid (fixed steps) or the stops the error-controlled
 # steps must hit; ``stop_obs[j]`` is the data row observed at ``stops[j]`` (or -1). ``control.h0`` is
 # ignored (the kernel chooses the first step).
+# ``r0`` is the zero initial root, whose shape is the filter's state-space structure (:mod:`.structure`).
 FenrirArguments = namedtuple(
     "FenrirArguments",
     ["y0", "theta", "rq", "ek1", "kappa", "diffusion_mode", "control", "stops", "stop_obs", "data", "cmat", "sigma",
-     "sigma_dir", "n_sigma", "want_grad", "cotangent"],
+     "sigma_dir", "n_sigma", "want_grad", "cotangent", "r0"],
 )
 # The backward Kalman filter's states before and after the data at each grid point, and its gains.
 DataFilterRun = namedtuple("DataFilterRun", ["m_pre", "r_pre", "m_post", "r_post", "gs"])
 # What the data filter's adjoint leaves for the ODE filter's: its deposits on (μ_n, Σ_n), each step's κ̄
 # share and the predicted covariances Σ⁻_n it formed from their roots.
 Deposits = namedtuple("Deposits", ["mean", "cov", "kbar_step", "sig_pred"])
-_ARGUMENTS_T = nb.types.NamedTuple(
-    [nb.float64[::1], nb.float64[::1], nb.float64[:, ::1], nb.boolean, nb.float64, nb.int64, STEPPING_T,
-     nb.float64[::1], nb.int64[::1], nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[::1], nb.int64[::1],
-     nb.int64, nb.boolean, nb.float64[::1]],
-    FenrirArguments,
-)
 KBAR_ADD, KBAR_STORE, KBAR_LOCAL, KBAR_NONE = 0, 1, 2, 3  # what a reverse sweep does with each step's κ̄
-_FENRIR_SIG = (VEC_FN, MAT_FN, MAT_FN, CONTRACT_FN, MAT_FN, CONTRACT_FN, _ARGUMENTS_T)
+
+
+def _fenrir_signature(structure: str) -> tuple:
+    """The kernel's signature for a structure: the arguments' root is 2-d (dense) or 3-d (blocks)."""
+    root = nb.float64[:, ::1] if structure == DENSE else nb.float64[:, :, ::1]
+    arguments = nb.types.NamedTuple(
+        [nb.float64[::1], nb.float64[::1], nb.float64[:, ::1], nb.boolean, nb.float64, nb.int64, STEPPING_T,
+         nb.float64[::1], nb.int64[::1], nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[::1], nb.int64[::1],
+         nb.int64, nb.boolean, nb.float64[::1], root],
+        FenrirArguments,
+    )
+    return (VEC_FN, MAT_FN, MAT_FN, CONTRACT_FN, MAT_FN, CONTRACT_FN, arguments)
 
 
 @nb.njit(inline="always", **INLINE_JIT)
@@ -201,6 +214,84 @@ def _data_filter_adjoint(
     return dep, True
 
 
+def data_phase(run, obs_at, args, rq, q, d, terms, grad_sigma):
+    """The backward Kalman filter on the data (``terms``) and, with ``args.want_grad``, its adjoint: the
+    deposits on the ODE filter's ``(μ_n, Σ_n)`` (noise-scale adjoints added to ``grad_sigma``). Returns
+    ``(deposits, ok)``; ``ok`` is False if a value is not finite or an update singular. Any structure: a
+    block-diagonal (or isotropic) posterior is a product over the states given the means, so each state
+    runs the dense data filter on its own block with the observation rows that select it.
+    """
+    raise NotImplementedError("compiled code only")
+
+
+@overload(data_phase, jit_options=OVERLOAD_JIT)
+def _data_phase(run, obs_at, args, rq, q, d, terms, grad_sigma):
+    if member_type(run, "r").ndim == 3:
+        def dense(run, obs_at, args, rq, q, d, terms, grad_sigma):
+            dd = (q + 1) * d
+            model = observation_model(args.data, args.cmat, args.sigma, args.sigma_dir)
+            store, finite = _data_filter(run, obs_at, model, rq, q, d, terms, args.want_grad)
+            if not (finite and args.want_grad):
+                return Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), np.zeros(0), np.zeros((0, dd, dd))), finite
+            return _data_filter_adjoint(run, store, obs_at, model, args.cotangent, rq, q, d, grad_sigma)
+        return dense
+
+    def blocks(run, obs_at, args, rq, q, d, terms, grad_sigma):
+        grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa, local_kappa = run
+        n_pts, n_blocks = r.shape[0], r.shape[1]
+        q1 = q + 1
+        want = args.want_grad
+        kept = n_pts if want else 0
+        dep = Deposits(np.zeros((kept, q1 * d)), np.zeros((kept,) + r.shape[1:]), np.zeros(n_pts),
+                       np.empty((kept,) + r.shape[1:]))
+        for n in range(1, kept):
+            gram(r_pred[n], dep.sig_pred[n])
+        data, cmat, sigma, sigma_dir = args.data, args.cmat, args.sigma, args.sigma_dir
+        n_obs, m = data.shape
+        mu1, mu_pred1 = np.empty((n_pts, q1)), np.empty((n_pts, q1))
+        terms1 = np.empty(n_obs)
+        rows = np.empty(m, dtype=np.int64)
+        for i in range(d):
+            m_i = 0
+            for c in range(m):
+                if cmat[c, i] != 0.0:
+                    rows[m_i] = c
+                    m_i += 1
+            if m_i == 0:
+                continue
+            data1, cmat1 = np.empty((n_obs, m_i)), np.empty((m_i, 1))
+            sigma1, dir1 = np.empty(m_i), np.empty(m_i, dtype=np.int64)
+            for a in range(m_i):
+                c = rows[a]
+                cmat1[a, 0] = cmat[c, i]
+                sigma1[a] = sigma[c]
+                dir1[a] = sigma_dir[c]
+                for j in range(n_obs):
+                    data1[j, a] = data[j, c]
+            model = observation_model(data1, cmat1, sigma1, dir1)
+            b = i if n_blocks > 1 else 0
+            for n in range(n_pts):
+                gather_state(mu[n], q, d, i, mu1[n])
+                gather_state(mu_pred[n], q, d, i, mu_pred1[n])
+            run1 = ForwardRun(grid, stop, mu1, np.ascontiguousarray(r[:, b]), mu_pred1,
+                              np.ascontiguousarray(r_pred[:, b]), lin, zhat, steps, kappa, local_kappa)
+            terms1[:] = 0.0
+            store, finite = _data_filter(run1, obs_at, model, rq, q, 1, terms1, want)
+            if not finite:
+                return dep, False
+            terms += terms1
+            if want:
+                dep1, finite = _data_filter_adjoint(run1, store, obs_at, model, args.cotangent, rq, q, 1, grad_sigma)
+                if not finite:
+                    return dep, False
+                for n in range(n_pts):
+                    scatter_state(dep1.mean[n], q, d, i, dep.mean[n])
+                    dep.cov[n, b] += dep1.cov[n]
+                    dep.kbar_step[n] += dep1.kbar_step[n]
+        return dep, True
+    return blocks
+
+
 @nb.njit(inline="always", **INLINE_JIT)
 def _filter_adjoint(
     field: VectorField, derivs: FieldDerivatives, run: ForwardRun, rq: np.ndarray, q: int, d: int,
@@ -215,6 +306,7 @@ def _filter_adjoint(
     ``deposits.kbar_step`` (``KBAR_STORE``: local calibration, first sweep, after the data filter's share),
     used to differentiate each step's local ``κ_n`` (``KBAR_LOCAL``: second sweep, on the unit-diffusion
     run) or nothing (``KBAR_NONE``). Adds the adjoints of ``θ`` to ``grad``; False if an update is singular.
+    Any state-space structure (:mod:`.structure`).
     """
     dd = (q + 1) * d
     grid, _, _, r, mu_pred, r_pred, lin, zhat, steps, _, local_kappa = run
@@ -227,47 +319,37 @@ def _filter_adjoint(
     grad_theta = grad[d:d + k]
     bar = Cotangent(start.mean.copy(), start.cov.copy())
     mbar, sbar = bar
-    hm, noise_var = np.zeros((d, dd)), np.zeros(d)
-    out = UpdateAdjointOut(np.empty(d), np.empty(d), np.zeros((d, dd)))
-    upd_work = update_adjoint_work(dd, d)
+    diagonal = sbar.ndim == 3  # block-diagonal linearisation, L = diag J
+    work = adjoint_work(r[0], q, d)
     lin_work = linearisation_adjoint_work(d, k)
-    err_work = local_error_work(q, d)
-    zbar, jbar = np.zeros(d), np.zeros((d, d))
-    cot = LinearisationCotangents(out.rbar, out.hbar, zbar, jbar)
-    sig_pred = np.empty((dd, dd))
-    sig_post = np.empty((dd, dd))
-    work = np.empty((dd, dd))
+    sig_pred = np.empty_like(sbar)
+    sig_prev = np.empty_like(sbar)
+    congruence_work = np.empty_like(sbar)
     mbar_prev = np.empty(dd)
     xi = np.empty(d)
     for n in range(n_pts - 1, 0, -1):
         t = grid[n]
         for c in range(d):
             xi[c] = mu_pred[n, c]
-        ode_observation_matrix(lin[n], d, hm)
-        if field.ek1:
-            matmul_tn(r[n], r[n], sig_post)
         if inject:
-            sig_pred[:, :] = sig_pred_dep[n]
+            sig_pred[:] = sig_pred_dep[n]
         else:
-            matmul_tn(r_pred[n], r_pred[n], sig_pred)
-        if not update_adjoint(GaussianObservation(hm, noise_var, zhat[n], d), sig_pred, sig_post, mu_pred[n],
-                              (w_stat, 0.0), bar, field.ek1, out, upd_work):
-            return bar, False
+            gram(r_pred[n], sig_pred)
         step = steps[n]
-        zbar[:] = 0.0
-        jbar[:, :] = 0.0
-        if kbar_mode == KBAR_LOCAL and local_kappa[n] > KAPPA_FLOOR:
-            # κ_n = ẑᵀ(H Q Hᵀ)⁻¹ẑ / d with ẑ, L of this (unit-diffusion) run: ẑ̄ and L̄ join the linearisation's adjoint.
-            local_kappa_adjoint(kbar_step[n], step, rq, q, d, lin[n], zhat[n], err_work, zbar, jbar)
-        linearise_adjoint(field, derivs, t, xi, lin[n], d, cot, mbar, grad_theta, lin_work)
+        # κ_n = ẑᵀ(H Q Hᵀ)⁻¹ẑ / d with ẑ, L of this (unit-diffusion) run: ẑ̄ and L̄ join the linearisation's adjoint.
+        kbar_local = kbar_step[n] if kbar_mode == KBAR_LOCAL and local_kappa[n] > KAPPA_FLOOR else 0.0
+        primal = UpdatePrimal(r[n], sig_pred, mu_pred[n], lin[n], zhat[n], step)
+        if not ode_update_adjoint(primal, rq, q, d, field.ek1, (w_stat, kbar_local), bar, work):
+            return bar, False
+        linearise_adjoint(field, derivs, t, xi, lin[n], d, work.cot, mbar, grad_theta, lin_work, diagonal)
         # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of the data filter on (μ, Σ)_{n−1}.
-        kbar_n = predict_adjoint(step, rq, q, d, mbar, sbar, work, mbar_prev, sig_pred)
+        kbar_n = prediction_adjoint(step, rq, q, d, mbar, sbar, congruence_work, mbar_prev, sig_prev)
         if kbar_mode == KBAR_ADD:
             grad[kdir] += kbar_n
         elif kbar_mode == KBAR_STORE:
             kbar_step[n] += kbar_n
         mbar[:] = mbar_prev
-        sbar[:, :] = sig_pred
+        sbar[:] = sig_prev
         if inject:
             mbar += inj_mu[n - 1]
             sbar += inj_sig[n - 1]
@@ -295,17 +377,20 @@ def _initial_state_adjoint(taylor_vjp, args: FenrirArguments, t0: float, mbar: n
 SPECIALISED_MAX_STATES = 4
 
 
-def fenrir_kernel(q: int, d: int):
-    """The Fenrir kernel for IWP order ``q`` and ``d`` states (:func:`_fenrir_kernel`: its own for
-    ``d <= SPECIALISED_MAX_STATES``, else the kernel of any ``d``), compiled once per process also when
-    sampler threads ask at once (:data:`~pymc_pnode._jit.COMPILE_LOCK`)."""
+def fenrir_kernel(q: int, d: int, structure: str = DENSE):
+    """The Fenrir kernel for IWP order ``q``, ``d`` states and a state-space ``structure`` (:func:`_fenrir_kernel`:
+    a dense filter has its own for ``d <= SPECIALISED_MAX_STATES``, else the kernel of any ``d``; the
+    block-diagonal and isotropic structures share one kernel per order), compiled once per process also
+    when sampler threads ask at once (:data:`~pymc_pnode._jit.COMPILE_LOCK`)."""
+    specialised = structure == DENSE and d <= SPECIALISED_MAX_STATES
     with COMPILE_LOCK:
-        return _fenrir_kernel(q, d if d <= SPECIALISED_MAX_STATES else 0)
+        return _fenrir_kernel(q, d if specialised else 0, structure if structure == DENSE else "blocks")
 
 
 @functools.lru_cache(maxsize=None)
-def _fenrir_kernel(q: int, n_states: int):
-    """The Fenrir kernel ``fenrir_terms`` compiled for IWP order ``q`` and ``n_states`` states (0: any number).
+def _fenrir_kernel(q: int, n_states: int, structure: str):
+    """The Fenrir kernel ``fenrir_terms`` compiled for IWP order ``q`` and ``n_states`` states (0: any number),
+    dense or with block roots (``structure``).
 
     The sizes are closure constants, so numba compiles (and caches on disk) one kernel per
     ``(q, n_states)``: with the helpers inlined (``_jit.INLINE_JIT``), LLVM sees fixed trip counts in every
@@ -354,7 +439,6 @@ def _fenrir_kernel(q: int, n_states: int):
         terms = np.zeros(n_obs)
         grad = np.zeros(d + k + args.n_sigma + 1)
         info = np.zeros(5)
-        model = observation_model(args.data, args.cmat, args.sigma, args.sigma_dir)
         field = VectorField(rhs, jac_y, theta, args.ek1)
 
         # ---------------------------------------------------------------- forward ODE filter
@@ -370,7 +454,7 @@ def _fenrir_kernel(q: int, n_states: int):
         control = Stepping(c.adaptive, h0, c.rtol, c.atol, c.max_steps, True)
         mode = args.diffusion_mode
         kappa = args.kappa if mode == DIFFUSION_FIXED else 1.0
-        run, stats = forward_pass(field, mu0, np.zeros((dd, dd)), rq, q, d, Diffusion(DIFFUSION_FIXED, kappa),
+        run, stats = forward_pass(field, mu0, args.r0, rq, q, d, Diffusion(DIFFUSION_FIXED, kappa),
                                   control, stops, True)
         info[0], info[2], info[3], info[4] = stats.max_error, stats.n_steps, stats.n_rejected, stats.status
         if stats.status != STATUS_SUCCESS:
@@ -397,18 +481,16 @@ def _fenrir_kernel(q: int, n_states: int):
             obs_at[n] = stop_obs[stop[n]] if stop[n] >= 0 else -1
 
         # ---------------------------------------------------------------- backward Kalman filter on data
-        store, finite = _data_filter(run, obs_at, model, rq, q, d, terms, args.want_grad)
+        # (with the gradient, part 1 of the reverse sweep too: the adjoint of the backward Kalman filter, forward in
+        # time, deposits on the ODE filter's (μ_n, Σ_n))
+        kdir = grad.shape[0] - 1
+        dep, finite = data_phase(run, obs_at, args, rq, q, d, terms, grad[d + k:kdir])
         if not finite:
             return terms, grad, False, info, stops[:1]
         if not args.want_grad:
             return terms, grad, True, info, run.grid
 
         # ---------------------------------------------------------------- reverse sweep
-        # Part 1: adjoint of the backward Kalman filter (forward in time), deposits on the ODE filter's (μ_n, Σ_n).
-        kdir = grad.shape[0] - 1
-        dep, finite = _data_filter_adjoint(run, store, obs_at, model, args.cotangent, rq, q, d, grad[d + k:kdir])
-        if not finite:
-            return terms, grad, False, info, stops[:1]
         for n in range(1, n_pts):
             grad[kdir] += dep.kbar_step[n]
         # Part 2: adjoint of the ODE filter (backward in time). With global calibration a second sweep carries
@@ -421,8 +503,8 @@ def _fenrir_kernel(q: int, n_states: int):
         sweep = (0.0, KBAR_STORE if mode == DIFFUSION_LOCAL else KBAR_ADD)
         for n_sweep in range(2 if second else 1):  # one call site: the sweep is inlined once
             if n_sweep == 1:
-                start = Cotangent(np.zeros(dd), np.zeros((dd, dd)))
-                deposits = Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), dep.kbar_step, dep.sig_pred)
+                start = Cotangent(np.zeros(dd), np.zeros_like(args.r0))
+                deposits = Deposits(np.zeros((0, dd)), np.zeros((0,) + args.r0.shape), dep.kbar_step, dep.sig_pred)
                 if mode == DIFFUSION_GLOBAL:
                     sweep = (-2.0 * grad[kdir] * kappa / ((n_pts - 1) * d), KBAR_NONE)
                 else:
@@ -438,4 +520,4 @@ def _fenrir_kernel(q: int, n_states: int):
         return terms, grad, True, info, run.grid
 
     with slp_vectorization():  # compiles now (explicit signature), or loads from the disk cache
-        return nb.njit(_FENRIR_SIG, **INLINE_JIT)(fenrir_terms)
+        return nb.njit(_fenrir_signature(structure), **INLINE_JIT)(fenrir_terms)

@@ -91,12 +91,15 @@ def ode_observation_matrix(lin: np.ndarray, d: int, hm: np.ndarray) -> None:
 def linearise_adjoint(
     field: VectorField, derivs: FieldDerivatives, t: float, xi: np.ndarray, lin: np.ndarray, d: int,
     cot: LinearisationCotangents, mbar_pred: np.ndarray, grad_theta: np.ndarray, work: LinearisationAdjointWork,
+    diagonal: bool,
 ) -> None:
     """Adjoint of :func:`linearise` through ``H = E1 − L E0`` and ``c = −f(ξ) + L ξ`` (so that ``r = H μ⁻ + c = ẑ``).
 
     ``cot.rbar`` is the adjoint of ``c``, ``cot.hbar`` of ``H``; ``cot.zbar`` and ``cot.jbar`` those of ``ẑ``
     and ``L`` through the local diffusion. Adds the adjoints of ``μ⁻`` (through ``ξ`` and ``E1 μ⁻``) to
-    ``mbar_pred`` and those of ``θ`` to ``grad_theta``. EK1's ``L = J(ξ)`` brings the second derivatives.
+    ``mbar_pred`` and those of ``θ`` to ``grad_theta``. EK1's ``L = J(ξ)`` brings the second derivatives;
+    with ``diagonal`` (the block-diagonal EK1, :mod:`.structure`) ``L = diag J(ξ)``, whose off-diagonal
+    part of ``J`` no longer cancels in ``∂c/∂ξ = −J + L``.
     """
     k = grad_theta.shape[0]
     _, jac_y, theta, ek1 = field
@@ -110,7 +113,20 @@ def linearise_adjoint(
         for c in range(d):
             s -= jp[c, j] * (rbar[c] + zbar[c])
         grad_theta[j] += s
-    if ek1:
+    if ek1 and diagonal:
+        lbar[:, :] = 0.0
+        for r in range(d):
+            lbar[r, r] = -hbar[r, r] + rbar[r] * xi[r] + jbar[r, r]
+        derivs.hess_contract(xi, t, theta, lbar, hy, hp)
+        jac_y(xi, t, theta, jtrue)
+        for e in range(d):
+            s = hy[e] + lin[e, e] * rbar[e]
+            for c in range(d):
+                s -= jtrue[c, e] * (rbar[c] + zbar[c])
+            xbar[e] = s
+        for j in range(k):
+            grad_theta[j] += hp[j]
+    elif ek1:
         for r in range(d):
             for c in range(d):
                 lbar[r, c] = -hbar[r, c] + rbar[r] * xi[c] + jbar[r, c]

@@ -25,6 +25,7 @@ from pymc_pnode.accuracy import AccuracyWarning, SolverDiagnostics
 from pymc_pnode.filtering.fenrir import FenrirArguments, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import Stepping
+from pymc_pnode.filtering.structure import DENSE, STRUCTURES, initial_root
 from pymc_pnode.ode import ODE
 from pymc_pnode.solve import ODEFilter, fixed_grid, solve, validate_filter, validate_ode
 from pymc_pnode.validation import (
@@ -32,6 +33,7 @@ from pymc_pnode.validation import (
     as_positive_float,
     as_positive_int,
     validate_obs_matrix,
+    validate_state_selection,
     validate_times,
 )
 
@@ -101,10 +103,12 @@ class FenrirProblem:
     @classmethod
     def build(cls, ode, times, data_shape, obs_matrix, n_sigma, solver, control, diffusion_mode, label="Fenrir"):
         ode = validate_ode(ode)
-        solver = validate_filter(solver, user="the Fenrir likelihood")
+        solver = validate_filter(solver, STRUCTURES, "the Fenrir likelihood")
         times = validate_times(times, "times", start=ode.t0)
         d = ode.n_states
         cmat = validate_obs_matrix(obs_matrix, d)
+        if solver.structure != DENSE:
+            validate_state_selection(cmat, solver.structure)
         n_obs, m = data_shape
         if n_obs != times.size:
             raise ValueError(f"data has {n_obs} rows but times has {times.size} entries")
@@ -146,7 +150,7 @@ class FenrirProblem:
     @property
     def kernel(self):
         """The compiled Fenrir kernel for this problem's sizes (see :func:`fenrir_kernel`)."""
-        return fenrir_kernel(self.solver.order, self.ode.n_states)
+        return fenrir_kernel(self.solver.order, self.ode.n_states, self.solver.structure)
 
     @cached_property
     def stepping(self) -> Stepping:
@@ -154,6 +158,11 @@ class FenrirProblem:
         control = self.control
         return Stepping(bool(control.adaptive), 0.0, float(control.rtol), float(control.atol),
                         int(control.max_steps), True)
+
+    @cached_property
+    def initial_root(self) -> np.ndarray:
+        """The zero initial root of the kernel's filter: its shape is the state-space structure."""
+        return initial_root(self.solver.structure, self.solver.order, self.ode.n_states)
 
     def kernel_arguments(self):
         """The constant leading arguments of the Fenrir kernel for this problem."""
@@ -204,6 +213,7 @@ class FenrirProblem:
             arguments = FenrirArguments(
                 y0, theta, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa, self.diffusion_mode, self.stepping,
                 self.grid, self.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
+                self.initial_root,
             )
             terms, grad, ok, info, grid = self.kernel(*self.kernel_arguments(), arguments)
             max_err, n_steps, n_rejected = info[0], int(info[2]), int(info[3])
