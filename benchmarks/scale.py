@@ -2,8 +2,9 @@
 
 Problem: Lorenz-96, ``dy_i/dt = (y_{i+1} - y_{i-2}) y_{i-1} - y_i + F`` (indices mod d), F = 8 the one
 parameter, y0 = F + sin(i), every other state observed at t = 0.1, 0.2, ..., 2.0 with Gaussian noise
-(sd 0.1, seeded); IWP(3) prior, EK1, fixed step 0.01 from t0 = 0 (200 steps), diffusion 1; gradient with
-respect to y0, F and the noise sd.
+(sd 0.1, seeded); IWP(3) prior, fixed step 0.01 from t0 = 0 (200 steps; ``--step``), diffusion 1; gradient
+with respect to y0, F and the noise sd. Solvers (``--structures``): ``dense`` = EK1(3), ``diagonal`` =
+EK1(3, structure="diagonal"), ``isotropic`` = EK0(3, structure="isotropic").
 
 Every size runs in a fresh Python process, as a user building a new model pays: the package's library
 kernels come from a warmed numba cache (copied, so that every run starts from the same cache), the
@@ -25,6 +26,7 @@ Run: ``python benchmarks/scale.py --states 5 10 20`` (prints a Markdown table; `
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -47,9 +49,12 @@ def lorenz96(y, t, p):
     return [(y[(i + 1) % d] - y[i - 2]) * y[i - 1] - y[i] + p[0] for i in range(d)]
 
 
-def measure(d: int, repeats: int, kernel: str = "auto") -> dict:
+SOLVERS = {"dense": ("EK1", "dense"), "diagonal": ("EK1", "diagonal"), "isotropic": ("EK0", "isotropic")}
+
+
+def measure(d: int, repeats: int, kernel: str = "auto", structure: str = "dense", step: float = STEP) -> dict:
     """All phases for ``d`` states, in this process; ``kernel`` "generic" or "specialised" overrides the
-    package's choice between the kernel of any ``d`` and one compiled for ``d``."""
+    package's choice between the kernel of any ``d`` and one compiled for ``d`` (dense structure)."""
     import resource
 
     import numpy as np
@@ -72,8 +77,11 @@ def measure(d: int, repeats: int, kernel: str = "auto") -> dict:
     data = sol.y.T[:, observed] + SIGMA * np.random.default_rng(1).standard_normal((times.size, observed.size))
     obs_matrix = np.eye(d)[observed]
 
-    row = {"d": d, "kernel": kernel if kernel != "auto" else
-           ("specialised" if d <= fenrir.SPECIALISED_MAX_STATES else "generic")}
+    row = {"d": d, "structure": structure, "steps": round(T_END / step),
+           "kernel": kernel if kernel != "auto" else
+           ("specialised" if d <= fenrir.SPECIALISED_MAX_STATES and structure == "dense" else "generic")}
+    method, layout = SOLVERS[structure]
+    solver = getattr(pn, method)(ORDER, layout)
     start = time.perf_counter()
     ode = pn.ODE(lorenz96, n_states=d, n_theta=1)
     row["ode"] = time.perf_counter() - start
@@ -90,7 +98,7 @@ def measure(d: int, repeats: int, kernel: str = "auto") -> dict:
     theta_var = pt.vector("theta")
     sigma_var = pt.scalar("sigma")
     logp = pn.fenrir_loglik(ode, y0_var, theta_var, times, data, obs_matrix=obs_matrix, obs_sigma=sigma_var,
-                            diffusion=1.0, solver=pn.EK1(ORDER), step=STEP)
+                            diffusion=1.0, solver=solver, step=step)
     fn = pytensor.function([y0_var, theta_var, sigma_var],
                            [logp, *pt.grad(logp, [y0_var, theta_var, sigma_var])])
     row["graph"] = time.perf_counter() - tick
@@ -110,7 +118,7 @@ def measure(d: int, repeats: int, kernel: str = "auto") -> dict:
     return row
 
 
-def warm(cache: Path, warm_states: list[int]) -> None:
+def warm(cache: Path, warm_states: list[int], structures: list[str]) -> None:
     """Fill ``cache`` with the package's kernels by evaluating other models than the measured ones."""
     code = (
         "import sys; sys.path.insert(0, %r); import scale, numpy as np, pytensor, pytensor.tensor as pt\n"
@@ -122,8 +130,9 @@ def warm(cache: Path, warm_states: list[int]) -> None:
         "lp = pn.fenrir_loglik(fhn, y0, th, times, np.zeros((10, 1)), obs_matrix=[[1.0, 0.0]], obs_sigma=0.1,"
         " diffusion=1.0, solver=pn.EK1(%d), step=0.01)\n"
         "pytensor.function([y0, th], [lp, *pt.grad(lp, [y0, th])])([-1.0, 1.0], [0.2, 0.2, 3.0])\n"
-        "for d in %r: scale.measure(d, 1)\n"
-    ) % (str(Path(__file__).resolve().parent), ORDER, warm_states)
+        "for d in %r:\n"
+        "    for structure in %r: scale.measure(d, 1, 'auto', structure)\n"
+    ) % (str(Path(__file__).resolve().parent), ORDER, warm_states, structures)
     _run_python(code, cache, Path(tempfile.mkdtemp(prefix="scale_gen_")))
 
 
@@ -143,6 +152,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--kernels", nargs="+", default=["auto"], choices=["auto", "generic", "specialised"],
                         help="measure every size with each of these Fenrir kernels")
+    parser.add_argument("--structures", nargs="+", default=["dense"], choices=sorted(SOLVERS),
+                        help="measure every size with each of these solvers")
+    parser.add_argument("--step", type=float, default=STEP)
     parser.add_argument("--cache", type=Path, default=None,
                         help="a warmed numba cache to start every run from (default: warm a new one)")
     parser.add_argument("--cache-out", type=Path, default=None,
@@ -159,29 +171,29 @@ def main() -> None:
     if base is None:
         base = args.cache_out or Path(tempfile.mkdtemp(prefix="scale_numba_"))
         tick = time.perf_counter()
-        warm(base, args.warm_states)
+        warm(base, args.warm_states, args.structures)
         print(f"warmed the library kernels in {time.perf_counter() - tick:.0f} s ({base})", file=sys.stderr)
     rows = []
-    for d in args.states:
-        for kernel in args.kernels:
-            run_cache = Path(tempfile.mkdtemp(prefix="scale_run_"))
-            shutil.copytree(base, run_cache, dirs_exist_ok=True)
-            code = ("import sys, json; sys.path.insert(0, %r); import scale; "
-                    "print(json.dumps(scale.measure(%d, %d, %r)))") % (
-                str(Path(__file__).resolve().parent), d, args.repeats, kernel)
-            out = _run_python(code, run_cache, Path(tempfile.mkdtemp(prefix="scale_gen_")))
-            rows.append(json.loads(out.strip().splitlines()[-1]))
-            shutil.rmtree(run_cache, ignore_errors=True)
-            print(rows[-1], file=sys.stderr)
+    for d, kernel, structure in itertools.product(args.states, args.kernels, args.structures):
+        run_cache = Path(tempfile.mkdtemp(prefix="scale_run_"))
+        shutil.copytree(base, run_cache, dirs_exist_ok=True)
+        code = ("import sys, json; sys.path.insert(0, %r); import scale; "
+                "print(json.dumps(scale.measure(%d, %d, %r, %r, %r)))") % (
+            str(Path(__file__).resolve().parent), d, args.repeats, kernel, structure, args.step)
+        out = _run_python(code, run_cache, Path(tempfile.mkdtemp(prefix="scale_gen_")))
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+        shutil.rmtree(run_cache, ignore_errors=True)
+        print(rows[-1], file=sys.stderr)
 
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; Python "
           f"{platform.python_version()}, numba {numba.__version__}, pytensor {pytensor.__version__}, "
           f"pymc_pnode {pymc_pnode.__version__}; {time.strftime('%Y-%m-%d %H:%M')}\n")
-    print("| d | Fenrir kernel | `pn.ODE` | Hessians | Taylor | graph | first logp+grad | total to first | logp+grad "
-          "| peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| d | structure | steps | Fenrir kernel | `pn.ODE` | Hessians | Taylor | graph | first logp+grad "
+          "| total to first | logp+grad | peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['d']} | {r['kernel']} | {r['ode']:.1f} s | {r['hessians']:.1f} s | {r['taylor']:.1f} s | "
+        print(f"| {r['d']} | {r['structure']} | {r['steps']} | {r['kernel']} | {r['ode']:.1f} s | "
+              f"{r['hessians']:.1f} s | {r['taylor']:.1f} s | "
               f"{r['graph']:.1f} s | {r['first']:.1f} s | {r['total']:.1f} s | {r['eval'] * 1e3:.2f} ms | "
               f"{r['rss_mb']:.0f} MB |")
     if args.json:

@@ -183,16 +183,32 @@ def test_structured_ek0_fenrir_equals_dense_ek0_fenrir(chain_ode, chain_data, di
         np.testing.assert_allclose(s_grad, grad, rtol=1e-7, atol=1e-9 * np.max(np.abs(grad)))
 
 
-@pytest.mark.parametrize("diffusion", [None, "global", "fixed"])
-def test_exact_gradient_diagonal_ek1_fenrir(chain_ode, chain_data, diffusion):
+@pytest.mark.parametrize("solver, diffusion", [(pn.EK1(3, "diagonal"), None), (pn.EK1(3, "diagonal"), "global"),
+                                               (pn.EK1(3, "diagonal"), "fixed"), (pn.EK0(3, "isotropic"), None)],
+                         ids=["EK1-diagonal-local", "EK1-diagonal-global", "EK1-diagonal-fixed", "EK0-isotropic-local"])
+def test_exact_gradient_structured_fenrir(chain_ode, chain_data, solver, diffusion):
     _, data = chain_data
 
     def loglik(y0, theta, sigma, *kappa):
         return pn.fenrir_loglik(chain_ode, y0, theta, TIMES, data, obs_matrix=CMAT, obs_sigma=sigma,
-                                diffusion=kappa[0] if kappa else diffusion, solver=pn.EK1(3, "diagonal"), step=0.01)
+                                diffusion=kappa[0] if kappa else diffusion, solver=solver, step=0.01)
 
     point = [Y0, THETA, np.array([0.1, 0.2, 0.15])] + ([np.array(0.5)] if diffusion == "fixed" else [])
     assert_gradient_matches_central_differences(loglik, point, eps=[1e-6, 1e-6, 1e-6, 1e-4])
+
+
+@pytest.mark.parametrize("diffusion, step", [(None, None), (0.3, 0.05)], ids=["defaults", "fixed"])
+def test_diagonal_ek1_fenrir_equals_dense_ek1_fenrir_with_the_jacobians_diagonal(chain_ode, chain_data, diffusion,
+                                                                                  step):
+    _, data = chain_data
+    args = (Y0, THETA, data, np.array([0.1, 0.2, 0.15]), 0.3)
+    block = _problem(chain_ode, data, pn.EK1(3, "diagonal"), diffusion, step)
+    dense = _problem(chain_ode, data, pn.EK1(3), diffusion, step)
+    ode = chain_ode
+    object.__setattr__(dense, "kernel_arguments", lambda: (ode.rhs, _diagonal_of(ode.jac_y, D), ode.jac_p,
+                                                           ode.hess_contract, ode.taylor_coefficients(3),
+                                                           ode.taylor_vjp(3)))
+    np.testing.assert_allclose(block.evaluate(*args, warn=False)[0], dense.evaluate(*args, warn=False)[0], rtol=1e-9)
 
 
 @pytest.mark.parametrize("solver", [pn.EK1(3, "diagonal"), pn.EK0(3, "isotropic")],

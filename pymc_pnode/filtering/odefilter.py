@@ -44,9 +44,10 @@ Diffusion = namedtuple("Diffusion", ["mode", "kappa"])
 
 # A forward pass on its grid (index n: the state at grid[n], or the step that ended there): ``stop[n]``
 # is the index of the stop that grid[n] lands on (-1 between stops); filtered and predicted means and
-# roots; the linearisation L and residual ẑ; the prior's step arrays (:mod:`.prior`); the diffusion used
-# and the local diffusion estimate (floored). Predictions, linearisations and coefficients have one row unless
-# the pass keeps them (the adjoints need them; ``pn.solve`` does not).
+# roots; the linearisation L ((d, d), or its diagonal (d, 1) with block roots) and residual ẑ; the prior's step
+# arrays (:mod:`.prior`); the diffusion used and the local diffusion estimate (floored). Predictions,
+# linearisations and coefficients have one row unless the pass keeps them (the adjoints need them; ``pn.solve``
+# does not).
 ForwardRun = namedtuple(
     "ForwardRun",
     ["grid", "stop", "mu", "r", "mu_pred", "r_pred", "lin", "zhat", "step", "kappa", "local_kappa"],
@@ -79,7 +80,8 @@ def allocate_run(cap: int, q: int, d: int, keep: bool, r0: np.ndarray) -> Forwar
     kept = cap if keep else 1
     return ForwardRun(
         np.empty(cap), np.empty(cap, dtype=np.int64), np.empty((cap, dd)), np.zeros((cap,) + r0.shape),
-        np.empty((kept, dd)), np.empty((kept,) + r0.shape), np.zeros((kept, d, d)), np.empty((kept, d)),
+        np.empty((kept, dd)), np.empty((kept,) + r0.shape), np.zeros((kept, d, d if r0.ndim == 2 else 1)),
+        np.empty((kept, d)),
         np.zeros((kept, 3, q + 1)), np.empty(cap), np.empty(cap),
     )
 

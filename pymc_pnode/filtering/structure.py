@@ -109,8 +109,8 @@ def update_roots(r_pred, mu_pred, lin, zhat, q, d, m, w, mu_out, r_out):
     """The ODE update of :func:`~.update.update_sqrt` for the root of any structure; returns ``ẑᵀ S⁻¹ ẑ``.
 
     Block-diagonal: state ``i`` is updated on its own block with the scalar observation
-    ``E1 − L_ii E0`` (the diagonal of ``L`` only). Isotropic (one block, ``L = 0``): the shared block is
-    updated once and every state's mean moves with the same gain. ``m`` and ``w`` are the work of
+    ``E1 − L_ii E0`` (``lin`` holds the diagonal, ``L_ii = lin[i, 0]``). Isotropic (one block, ``L = 0``):
+    the shared block is updated once and every state's mean moves with the same gain. ``m`` and ``w`` are the work of
     ``update_sqrt`` for one block (sizes from :func:`block_rows`).
     """
     raise NotImplementedError("compiled code only")
@@ -134,7 +134,7 @@ def _update_roots(r_pred, mu_pred, lin, zhat, q, d, m, w, mu_out, r_out):
             z_i[0] = zhat[i]
             if n_blocks > 1 or i == 0:
                 b = i if n_blocks > 1 else 0
-                lin_i[0, 0] = lin[i, i]
+                lin_i[0, 0] = lin[i, 0]
                 stat += update_sqrt(r_pred[b], block_mu, lin_i, z_i, q, 1, m, w, block_out, r_out[b])
             else:
                 # The shared block's QR is in m (update_sqrt's layout): the gain acts as K ẑ_i = m[1:, 0] w_i.
@@ -149,7 +149,7 @@ def _update_roots(r_pred, mu_pred, lin, zhat, q, d, m, w, mu_out, r_out):
 
 def step_error(r_row, step, rq, q, d, jac, zhat, y_prev, y_new, scale, work):
     """:func:`~.calibration.local_error` for a filter whose root at one time point is ``r_row`` (the
-    structure's linearisation: the diagonal of ``jac`` when block-diagonal); returns ``(E, σ̂²)``."""
+    structure's linearisation: ``jac[i, 0] = L_ii`` when block-diagonal); returns ``(E, σ̂²)``."""
     raise NotImplementedError("compiled code only")
 
 
@@ -178,8 +178,8 @@ def block_local_error(
     variance = np.empty(d)
     quad = 0.0
     for i in range(d):
-        if i == 0 or jac[i, i] != jac_i[0, 0]:  # EK0 and equal diagonals share one defect variance
-            jac_i[0, 0] = jac[i, i]
+        if i == 0 or jac[i, 0] != jac_i[0, 0]:  # EK0 and equal diagonals share one defect variance
+            jac_i[0, 0] = jac[i, 0]
             local_defect_covariance(step, rq, q, 1, jac_i, hqh_root, hqh)
         variance[i] = hqh[0, 0]
         if not (hqh[0, 0] > 0.0):
@@ -308,7 +308,7 @@ def _ode_update_adjoint(primal, rq, q, d, ek1, weights, bar, work):
                 sbar1[:, :] = sbar[b]
             else:  # the shared block's Σ̄⁺ enters once; the other states add their mean paths
                 sbar1[:, :] = 0.0
-            lin1[0, 0] = lin[i, i]
+            lin1[0, 0] = lin[i, 0]
             z1[0] = zhat[i]
             ode_observation_matrix(lin1, 1, hm)
             if ek1:

@@ -63,16 +63,21 @@ def linearise(
     lin: np.ndarray, zhat: np.ndarray,
 ) -> None:
     """``L`` (into ``lin``) and ``ẑ = E1 μ⁻ − f(ξ)`` (into ``zhat``) at ``ξ = E0 μ⁻`` (scratch ``xi``, ``fx`` = f(ξ),
-    ``jac``: zeros for EK0)."""
+    ``jac``: zeros for EK0). ``lin`` is ``(d, d)``, or ``(d, 1)`` for a block-diagonal filter, which keeps
+    only the diagonal ``L_ii`` (in ``lin[i, 0]``; :mod:`.structure`)."""
     rhs, jac_y, theta, ek1 = field
     for c in range(d):
         xi[c] = mu_pred[c]
     rhs(xi, t, theta, fx)
     if ek1:
         jac_y(xi, t, theta, jac)
-    for r in range(d):  # grown rows are uninitialised: write the zeros of EK0 too
-        for c in range(d):
-            lin[r, c] = jac[r, c]
+    if lin.shape[1] == d:
+        for r in range(d):  # grown rows are uninitialised: write the zeros of EK0 too
+            for c in range(d):
+                lin[r, c] = jac[r, c]
+    else:
+        for r in range(d):
+            lin[r, 0] = jac[r, r]
     for c in range(d):
         zhat[c] = mu_pred[d + c] - fx[c]
 
@@ -98,8 +103,8 @@ def linearise_adjoint(
     ``cot.rbar`` is the adjoint of ``c``, ``cot.hbar`` of ``H``; ``cot.zbar`` and ``cot.jbar`` those of ``ẑ``
     and ``L`` through the local diffusion. Adds the adjoints of ``μ⁻`` (through ``ξ`` and ``E1 μ⁻``) to
     ``mbar_pred`` and those of ``θ`` to ``grad_theta``. EK1's ``L = J(ξ)`` brings the second derivatives;
-    with ``diagonal`` (the block-diagonal EK1, :mod:`.structure`) ``L = diag J(ξ)``, whose off-diagonal
-    part of ``J`` no longer cancels in ``∂c/∂ξ = −J + L``.
+    with ``diagonal`` (the block-diagonal EK1, :mod:`.structure`; ``lin[i, 0] = L_ii``) ``L = diag J(ξ)``,
+    whose off-diagonal part of ``J`` no longer cancels in ``∂c/∂ξ = −J + L``.
     """
     k = grad_theta.shape[0]
     _, jac_y, theta, ek1 = field
@@ -120,7 +125,7 @@ def linearise_adjoint(
         derivs.hess_contract(xi, t, theta, lbar, hy, hp)
         jac_y(xi, t, theta, jtrue)
         for e in range(d):
-            s = hy[e] + lin[e, e] * rbar[e]
+            s = hy[e] + lin[e, 0] * rbar[e]
             for c in range(d):
                 s -= jtrue[c, e] * (rbar[c] + zbar[c])
             xbar[e] = s
