@@ -99,18 +99,30 @@ def local_error(
     A step with ``E ≤ 1`` meets the tolerances. Returns ``(E, σ̂²)``; both are ``inf`` when ``H Q Hᵀ`` is
     singular.
     """
-    h, rtol, atol = scale
     hqh_root, hqh, chol, tmp = work
     local_defect_covariance(step, rq, q, d, jac, hqh_root, hqh)
     local_kappa = quadratic_form_inverse(hqh, zhat, d, chol, tmp) / d
     if not math.isfinite(local_kappa):
         return math.inf, math.inf
+    for k in range(d):
+        tmp[k] = hqh[k, k]
+    return scaled_error(local_kappa, tmp, y_prev, y_new, scale), local_kappa
+
+
+@nb.njit(**INLINE_JIT)
+def scaled_error(
+    local_kappa: float, variances: np.ndarray, y_prev: np.ndarray, y_new: np.ndarray, scale: tuple[float, float, float]
+) -> float:
+    """``‖h √(σ̂² v) / (atol + rtol max(|y_prev|, |y_new|))‖_rms`` for the unit-diffusion defect variances ``v`` of the
+    states (the error norm of :func:`local_error`; ``scale = (h, rtol, atol)``)."""
+    h, rtol, atol = scale
+    d = variances.shape[0]
     acc = 0.0
     for k in range(d):
-        e = h * math.sqrt(max(local_kappa * hqh[k, k], 0.0))
+        e = h * math.sqrt(max(local_kappa * variances[k], 0.0))
         sc = atol + rtol * max(abs(y_prev[k]), abs(y_new[k]))
         acc += (e / sc) ** 2
-    return math.sqrt(acc / d), local_kappa
+    return math.sqrt(acc / d)
 
 
 @nb.njit(**INLINE_JIT)

@@ -47,6 +47,31 @@ def observation_model(data: np.ndarray, cmat: np.ndarray, sigma: np.ndarray, sig
 
 
 @nb.njit(**INLINE_JIT)
+def state_observation_model(
+    data: np.ndarray, cmat: np.ndarray, sigma: np.ndarray, sigma_dir: np.ndarray, i: int
+) -> tuple[ObservationModel, int]:
+    """The observation of state ``i`` alone: the rows of ``cmat`` that select it (each row selects one state, a
+    block filter's observation), as an :data:`ObservationModel` of one state, and their number."""
+    n_obs, m = data.shape
+    rows = np.empty(m, dtype=np.int64)
+    m_i = 0
+    for c in range(m):
+        if cmat[c, i] != 0.0:
+            rows[m_i] = c
+            m_i += 1
+    data_i, cmat_i = np.empty((n_obs, m_i)), np.empty((m_i, 1))
+    sigma_i, dir_i = np.empty(m_i), np.empty(m_i, dtype=np.int64)
+    for a in range(m_i):
+        c = rows[a]
+        cmat_i[a, 0] = cmat[c, i]
+        sigma_i[a] = sigma[c]
+        dir_i[a] = sigma_dir[c]
+        for j in range(n_obs):
+            data_i[j, a] = data[j, c]
+    return observation_model(data_i, cmat_i, sigma_i, dir_i), m_i
+
+
+@nb.njit(**INLINE_JIT)
 def data_update_work(dd: int, m: int) -> DataUpdateWork:
     """Work arrays of :func:`data_update_sqrt` for states of length ``dd`` and ``m`` observed components."""
     return DataUpdateWork(np.empty((m + dd + 1, dd + m)), np.empty(max(m, 1)), np.empty(m))

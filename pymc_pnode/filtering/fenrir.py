@@ -41,6 +41,7 @@ from pymc_pnode.filtering.data_update import (
     data_update_sqrt,
     data_update_work,
     observation_model,
+    state_observation_model,
 )
 from pymc_pnode.filtering.linalg import all_finite, matmul_tn
 from pymc_pnode.filtering.odefilter import (
@@ -246,29 +247,12 @@ def _data_phase(run, obs_at, args, rq, q, d, terms, grad_sigma):
                        np.empty((kept,) + r.shape[1:]))
         for n in range(1, kept):
             gram(r_pred[n], dep.sig_pred[n])
-        data, cmat, sigma, sigma_dir = args.data, args.cmat, args.sigma, args.sigma_dir
-        n_obs, m = data.shape
         mu1, mu_pred1 = np.empty((n_pts, q1)), np.empty((n_pts, q1))
-        terms1 = np.empty(n_obs)
-        rows = np.empty(m, dtype=np.int64)
+        terms1 = np.empty(args.data.shape[0])
         for i in range(d):
-            m_i = 0
-            for c in range(m):
-                if cmat[c, i] != 0.0:
-                    rows[m_i] = c
-                    m_i += 1
+            model, m_i = state_observation_model(args.data, args.cmat, args.sigma, args.sigma_dir, i)
             if m_i == 0:
                 continue
-            data1, cmat1 = np.empty((n_obs, m_i)), np.empty((m_i, 1))
-            sigma1, dir1 = np.empty(m_i), np.empty(m_i, dtype=np.int64)
-            for a in range(m_i):
-                c = rows[a]
-                cmat1[a, 0] = cmat[c, i]
-                sigma1[a] = sigma[c]
-                dir1[a] = sigma_dir[c]
-                for j in range(n_obs):
-                    data1[j, a] = data[j, c]
-            model = observation_model(data1, cmat1, sigma1, dir1)
             b = i if n_blocks > 1 else 0
             for n in range(n_pts):
                 gather_state(mu[n], q, d, i, mu1[n])

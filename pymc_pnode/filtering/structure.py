@@ -33,6 +33,7 @@ from pymc_pnode.filtering.calibration import (
     local_error,
     local_error_work,
     local_kappa_adjoint,
+    scaled_error,
 )
 from pymc_pnode.filtering.linalg import matmul_tn, solve_lower
 from pymc_pnode.filtering.predict import predict_adjoint, predict_root
@@ -172,7 +173,6 @@ def block_local_error(
 ) -> tuple[float, float]:
     """The local error estimate and diffusion of :func:`~.calibration.local_error` for a block-diagonal
     linearisation (``H Q Hᵀ`` diagonal, each entry from ``L_ii`` alone; ``work`` for one state)."""
-    h, rtol, atol = scale
     hqh_root, hqh, _, _ = work
     jac_i = np.zeros((1, 1))
     variance = np.empty(d)
@@ -188,12 +188,7 @@ def block_local_error(
     local_kappa = quad / d
     if not math.isfinite(local_kappa):
         return math.inf, math.inf
-    acc = 0.0
-    for i in range(d):
-        e = h * math.sqrt(local_kappa * variance[i])
-        sc = atol + rtol * max(abs(y_prev[i]), abs(y_new[i]))
-        acc += (e / sc) ** 2
-    return math.sqrt(acc / d), local_kappa
+    return scaled_error(local_kappa, variance, y_prev, y_new, scale), local_kappa
 
 
 # ---------------------------------------------------------------------------------------------- adjoints
