@@ -22,10 +22,6 @@ JIT = dict(cache=True, error_model="numpy", nogil=True)
 # kernels' fixed sizes reach the helpers' loops. It makes the Fenrir logp + gradient ≈ 1.5× faster, at ≈ 65 s
 # more cold compile time for a FitzHugh–Nagumo kernel (117 against 50 s; benchmarks/results/compile_profile.md).
 INLINE_JIT = dict(JIT, fastmath={"contract"}, forceinline=True)
-# Options of the filter operations written as numba overloads (one implementation per state-space structure,
-# :mod:`pymc_pnode.filtering.structure`): those of :data:`INLINE_JIT` without the disk cache, since an overload
-# is compiled into its caller, which is cached.
-OVERLOAD_JIT = {key: value for key, value in INLINE_JIT.items() if key != "cache"}
 
 # Held by every compile-on-first-use path (generated vector-field modules, the Fenrir kernels, deferred
 # kernels): nutpie runs chains in threads, and their first evaluations would otherwise compile or import

@@ -104,9 +104,14 @@ def local_error(
     local_kappa = quadratic_form_inverse(hqh, zhat, d, chol, tmp) / d
     if not math.isfinite(local_kappa):
         return math.inf, math.inf
+    # The norm of scaled_error, inline: through the vector of variances this step was 5 % slower (pn.solve, FHN).
+    h, rtol, atol = scale
+    acc = 0.0
     for k in range(d):
-        tmp[k] = hqh[k, k]
-    return scaled_error(local_kappa, tmp, y_prev, y_new, scale), local_kappa
+        e = h * math.sqrt(max(local_kappa * hqh[k, k], 0.0))
+        sc = atol + rtol * max(abs(y_prev[k]), abs(y_new[k]))
+        acc += (e / sc) ** 2
+    return math.sqrt(acc / d), local_kappa
 
 
 @nb.njit(**INLINE_JIT)

@@ -17,7 +17,7 @@ import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use
-from pymc_pnode.filtering.calibration import floored_kappa, local_error_work
+from pymc_pnode.filtering.calibration import floored_kappa, local_error, local_error_work
 from pymc_pnode.filtering.linalg import all_finite
 from pymc_pnode.filtering.prior import apply_transition, set_step
 from pymc_pnode.filtering.stepping import (
@@ -31,7 +31,7 @@ from pymc_pnode.filtering.stepping import (
     grow_rows,
     propose_step,
 )
-from pymc_pnode.filtering.structure import block_rows, predict_roots, step_error, update_roots
+from pymc_pnode.filtering.structure import block_local_error, block_rows, predict_roots, root_shape, update_roots
 from pymc_pnode.filtering.update import VectorField, linearisation_work, linearise
 
 DIFFUSION_FIXED = 0
@@ -79,8 +79,8 @@ def allocate_run(cap: int, q: int, d: int, keep: bool, r0: np.ndarray) -> Forwar
     dd = (q + 1) * d
     kept = cap if keep else 1
     return ForwardRun(
-        np.empty(cap), np.empty(cap, dtype=np.int64), np.empty((cap, dd)), np.zeros((cap,) + r0.shape),
-        np.empty((kept, dd)), np.empty((kept,) + r0.shape), np.zeros((kept, d, d if r0.ndim == 2 else 1)),
+        np.empty(cap), np.empty(cap, dtype=np.int64), np.empty((cap, dd)), np.zeros((cap,) + root_shape(r0, q, d)),
+        np.empty((kept, dd)), np.empty((kept,) + root_shape(r0, q, d)), np.zeros((kept, d, d if r0.ndim == 2 else 1)),
         np.empty((kept, d)),
         np.zeros((kept, 3, q + 1)), np.empty(cap), np.empty(cap),
     )
@@ -141,7 +141,7 @@ def forward_pass(
     kappa_used[0] = 0.0
     local_kappas[0] = 0.0
     xi, f_post, jac = linearisation_work(d)
-    size, rows = block_rows(r0, q)
+    size, rows = block_rows(r0, q, d)
     m_pred, m_upd, w = step_work(size, rows)
     err_work = local_error_work(q, rows)
     tol = (control.rtol, control.atol)
@@ -183,8 +183,12 @@ def forward_pass(
             err = 0.0
             local_kappa = 1.0
             if estimate:
-                err, local_kappa = step_error(r_prev, step, rq, q, d, lin_p, zhat_p, mu_prev, mu_pred_p,
-                                              (h_try, tol[0], tol[1]), err_work)
+                if r0.ndim == 2:
+                    err, local_kappa = local_error(step, rq, q, d, lin_p, zhat_p, mu_prev, mu_pred_p,
+                                                   (h_try, tol[0], tol[1]), err_work)
+                else:
+                    err, local_kappa = block_local_error(step, rq, q, d, lin_p, zhat_p, mu_prev, mu_pred_p,
+                                                         (h_try, tol[0], tol[1]), err_work)
             if adaptive:
                 accepted, h, err_prev = control_step(err, h_try, h, err_prev, hit_stop, q)
                 if not accepted:
@@ -242,7 +246,7 @@ def refilter(field: VectorField, run: ForwardRun, rq: np.ndarray, q: int, d: int
     _, _, mu, r, mu_pred, r_pred, lin, zhat, _, _, _ = new
     mu[0] = run.mu[0]
     xi, fx, jac = linearisation_work(d)
-    m_pred, m_upd, w = step_work(*block_rows(run.r[0], q))
+    m_pred, m_upd, w = step_work(*block_rows(run.r[0], q, d))
     for p in range(1, n_pts):
         step = steps[p]
         step[2, 0] = math.sqrt(kappas[p])

@@ -213,9 +213,8 @@ class FenrirProblem:
             arguments = FenrirArguments(
                 y0, theta, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa, self.diffusion_mode, self.stepping,
                 self.grid, self.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
-                self.initial_root,
             )
-            terms, grad, ok, info, grid = self.kernel(*self.kernel_arguments(), arguments)
+            terms, grad, ok, info, grid = self.kernel(*self.kernel_arguments(), arguments, self.initial_root)
             max_err, n_steps, n_rejected = info[0], int(info[2]), int(info[3])
         (self.diagnostics if diagnostics is None else diagnostics).record(n_steps, n_rejected, max_err,
                                                                           failed=not ok, warn=warn)
