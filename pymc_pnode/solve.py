@@ -169,7 +169,8 @@ class ProbabilisticSolution:
         ``message``, ``t_final`` (the last time reached) and the calibrated ``diffusion``.
     run : ForwardRun
         The filter on its grid (:data:`pymc_pnode.filtering.odefilter.ForwardRun`): ``grid``, filter means
-        ``mu`` and right square roots ``r`` of the covariances, and the diffusion ``kappa`` of each step.
+        ``mu`` and right square roots ``r`` of the covariances (``(N, D, D)``, or ``(N, n_blocks, q+1, q+1)`` for
+        the ``"diagonal"`` and ``"isotropic"`` structures), and the diffusion ``kappa`` of each step.
     out_index : ndarray
         The grid indices of the output times ``t``.
     """
@@ -338,7 +339,8 @@ def solve(
     t_span : tuple of float
         ``(t0, t1)`` with ``t1 > t0``.
     solver : EK0 or EK1, default ``EK1(order=3)``
-        The ODE filter and the order ``q`` of its IWP prior.
+        The ODE filter, the order ``q`` of its IWP prior and its state-space ``structure`` (``"dense"``,
+        ``"diagonal"``, or for the EK0 ``"isotropic"``: cost linear in the number of states).
     step : float, optional
         Fixed step size (the grid is refined to pass exactly through every ``save_at`` time).
         ``None`` selects adaptive steps controlled by ``rtol`` and ``atol``.
