@@ -55,7 +55,6 @@ ISOTROPIC = "isotropic"
 STRUCTURES = (DENSE, DIAGONAL, ISOTROPIC)
 
 
-
 def initial_root(structure: str, q: int, d: int) -> np.ndarray:
     """The zero root (``Σ₀ = 0``, exact initialisation) of a filter with ``structure``, ``d`` states, order ``q``."""
     if structure == DENSE:
