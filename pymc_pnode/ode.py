@@ -11,13 +11,16 @@ import pytensor.tensor as pt
 from pytensor.graph.basic import Constant, Variable
 from pytensor.printing import debugprint
 
-from pymc_pnode import _codegen
+from pymc_pnode import _codegen, _taylor_mode
 
 __all__ = ["ODE"]
 
 
 def _wrap(dispatcher, kind: str) -> _codegen.CompiledFunction:
     return _codegen.CompiledFunction(dispatcher, _codegen.SIGNATURES[kind])
+
+
+_ZERO = pt.constant(0.0, dtype="float64")
 
 
 def _gradient(expr: Variable, wrt: Sequence[Variable]) -> list[Variable]:
@@ -28,13 +31,16 @@ def _gradient(expr: Variable, wrt: Sequence[Variable]) -> list[Variable]:
     """
     if not wrt:
         return []
-    return list(pytensor.grad(expr, list(wrt), disconnected_inputs="ignore", return_disconnected="zero"))
+    # Disconnected partials as constants: PyTensor's "zero" would be a ``zeros_like`` graph per entry, d² of
+    # them to rewrite for a Jacobian.
+    grads = pytensor.grad(expr, list(wrt), disconnected_inputs="ignore", return_disconnected="None")
+    return [_ZERO if g is None else g for g in grads]
 
 
 def _sum(terms: Sequence[Variable]) -> Variable:
     """The sum of ``terms`` as one graph node (a float64 zero when there are none)."""
     if not terms:
-        return pt.constant(0.0, dtype="float64")
+        return _ZERO
     return pt.add(*terms) if len(terms) > 1 else terms[0]
 
 
@@ -110,6 +116,8 @@ class ODE:
         self._lie: dict[int, list] = {}
         self._hess = None
         self._contract = None
+        self._first_derivatives: tuple[list[list[Variable]], list[list[Variable]]] | None = None
+        self._taylor_mode = None
         base = self._module("base", self._base_source)
         self.rhs = _wrap(base.rhs, "vec")
         self.jac_y = _wrap(base.jac_y, "mat")
@@ -152,7 +160,7 @@ class ODE:
                 raise ValueError(f"func output {i} is not a scalar (ndim={o.ndim})")
         return [pt.cast(o, "float64") if o.dtype != "float64" else o for o in outs]
 
-    def _module(self, kind: str, make_source: Callable[[], str]):
+    def _module(self, kind: str, make_source: Callable[[], str | None]):
         key = _codegen.source_key(self._key, kind)
         module = _codegen.load_module(key)
         if module is None:
@@ -170,18 +178,50 @@ class ODE:
     def _gen(self, fname, kind, outputs, shapes):
         return _codegen.function_source(fname, kind, self._y, self._t, self._p, outputs, shapes)
 
+    def _jacobian_graphs(self) -> tuple[list[list[Variable]], list[list[Variable]]]:
+        """Graphs of ``∂f_i/∂y_j`` and ``∂f_i/∂θ_k`` (rows ``i``), built once."""
+        if self._first_derivatives is None:
+            d = self.n_states
+            grads = [_gradient(fi, [*self._y, *self._p]) for fi in self._f]
+            self._first_derivatives = ([row[:d] for row in grads], [row[d:] for row in grads])
+        return self._first_derivatives
+
     def _base_source(self) -> str:
         d, k = self.n_states, self.n_theta
-        grads = [_gradient(fi, [*self._y, *self._p]) for fi in self._f]
-        jy = [g for row in grads for g in row[:d]]
-        jp = [g for row in grads for g in row[d:]]
+        jac_y, jac_p = self._jacobian_graphs()
         return "\n\n".join(
             [
                 self._gen("rhs", "vec", {"out": self._f}, {"out": (d,)}),
-                self._gen("jac_y", "mat", {"out": jy}, {"out": (d, d)}),
-                self._gen("jac_p", "mat", {"out": jp}, {"out": (d, k)}),
+                self._gen("jac_y", "mat", {"out": [g for row in jac_y for g in row]}, {"out": (d, d)}),
+                self._gen("jac_p", "mat", {"out": [g for row in jac_p for g in row]}, {"out": (d, k)}),
             ]
         )
+
+    def _taylor_mode_source(self) -> str | None:
+        """Source of the Taylor-mode functions (any order), or None when the field has an operation without a
+        Taylor rule (the symbolic Lie derivatives serve it then)."""
+        rows = [list(row) for row in [*self._jacobian_graphs()[0], *self._jacobian_graphs()[1]]]
+        # Simplify the entries that are not constants (most are zeros), as the generated Jacobians are.
+        where = [(i, j) for i, row in enumerate(rows) for j, g in enumerate(row) if not isinstance(g, Constant)]
+        for (i, j), g in zip(where, _codegen.canonicalize([rows[i][j] for i, j in where], self._inputs)):
+            rows[i][j] = g
+        jac_y, jac_p = rows[:self.n_states], rows[self.n_states:]
+        try:
+            field = _taylor_mode.build_tape(self._y, self._t, self._p, self._f)
+            full = _taylor_mode.build_tape(self._y, self._t, self._p, self._f, jac_y, jac_p)
+        except _codegen.UnsupportedOperation:
+            return None
+        return _taylor_mode.module_source(field, full)
+
+    def _taylor_mode_functions(self) -> dict | None:
+        """``{"taylor", "taylor_vjp", "taylor_jac"}`` evaluated in Taylor mode, or None (see
+        :meth:`_taylor_mode_source`)."""
+        if self._taylor_mode is None:
+            module = self._module(f"taylormode-{_taylor_mode.VERSION}", self._taylor_mode_source)
+            self._taylor_mode = {} if module is None else {
+                "taylor": _wrap(module.taylor, "mat"), "taylor_vjp": _wrap(module.taylor_vjp, "contract"),
+                "taylor_jac": _wrap(module.taylor_jac, "ten2")}
+        return self._taylor_mode or None
 
     def _hess_source(self) -> str:
         d, k = self.n_states, self.n_theta
@@ -302,6 +342,8 @@ class ODE:
         :meth:`taylor_functions`).
         """
         order = self._check_order(order)
+        if self._taylor_mode_functions():
+            return self._taylor_mode["taylor"]
         if order not in self._taylor:
             mod = self._module(f"taylor{order}", lambda: self._taylor_source(order))
             self._taylor[order] = _wrap(mod.taylor, "mat")
@@ -316,6 +358,8 @@ class ODE:
         separately, on first use: for larger systems it is the most expensive generated code.
         """
         order = self._check_order(order)
+        if self._taylor_mode_functions():
+            return self._taylor_mode["taylor"], self._taylor_mode["taylor_jac"]
         if order not in self._taylor_jac:
             mod = self._module(f"taylorjac{order}", lambda: self._taylor_jac_source(order))
             self._taylor_jac[order] = _wrap(mod.taylor_jac, "ten2")
@@ -331,6 +375,8 @@ class ODE:
         code grows with the size of the Lie derivatives, not with ``(order + 1) d (d + n_theta)`` entries.
         """
         order = self._check_order(order)
+        if self._taylor_mode_functions():
+            return self._taylor_mode["taylor_vjp"]
         if order not in self._taylor_vjp:
             mod = self._module(f"taylorvjp{order}", lambda: self._taylor_vjp_source(order))
             self._taylor_vjp[order] = _wrap(mod.taylor_vjp, "contract")
