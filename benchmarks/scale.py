@@ -20,6 +20,10 @@ gradient, ``first`` = the first evaluation (compiles any kernel specialised on t
 them (PyMC is imported before the clock starts: a PyMC user has imported it already); ``eval`` = median seconds
 per logp + gradient over ``--repeats`` calls; ``rss`` = the process's peak resident memory.
 
+With ``--peer`` (run it with a Python that has the ``bench`` extra), every dense and diagonal size is also timed
+with probdiffeq's state-space model of the same structure (:func:`measure_peer`), in its own fresh process; its
+"first" is tracing, XLA compilation and the first call.
+
 Run: ``python benchmarks/scale.py --states 5 10 20`` (prints a Markdown table; ``--json FILE`` saves rows).
 """
 
@@ -42,11 +46,26 @@ T_END = 2.0
 ORDER = 3
 SIGMA = 0.1
 FORCING = 8.0
+UNOBSERVED_STD = 1e6  # probdiffeq observes the full state at every grid point; this hides an entry
 
 
 def lorenz96(y, t, p):
     d = len(y)
     return [(y[(i + 1) % d] - y[i - 2]) * y[i - 1] - y[i] + p[0] for i in range(d)]
+
+
+def problem(d: int):
+    """``(y0, times, observed states, data)`` of the ``d``-state benchmark problem (seeded)."""
+    import numpy as np
+    from scipy.integrate import solve_ivp
+
+    y0 = FORCING + np.sin(np.arange(d))
+    times = np.round(np.arange(1, 21) * 0.1, 10)
+    observed = np.arange(0, d, 2)
+    sol = solve_ivp(lambda t, y: lorenz96(list(y), t, [FORCING]), (0.0, T_END), y0, method="DOP853",
+                    t_eval=times, rtol=1e-12, atol=1e-12)
+    data = sol.y.T[:, observed] + SIGMA * np.random.default_rng(1).standard_normal((times.size, observed.size))
+    return y0, times, observed, data
 
 
 SOLVERS = {"dense": ("EK1", "dense"), "diagonal": ("EK1", "diagonal"), "isotropic": ("EK0", "isotropic")}
@@ -61,7 +80,6 @@ def measure(d: int, repeats: int, kernel: str = "auto", structure: str = "dense"
     import pymc  # noqa: F401 (imported before the clock: a PyMC user has it already; ≈ 2.7 s here)
     import pytensor
     import pytensor.tensor as pt
-    from scipy.integrate import solve_ivp
 
     import pymc_pnode as pn
     from pymc_pnode.filtering import fenrir
@@ -69,12 +87,7 @@ def measure(d: int, repeats: int, kernel: str = "auto", structure: str = "dense"
     if kernel != "auto":
         fenrir.SPECIALISED_MAX_STATES = 0 if kernel == "generic" else d
 
-    y0 = FORCING + np.sin(np.arange(d))
-    times = np.round(np.arange(1, 21) * 0.1, 10)
-    observed = np.arange(0, d, 2)
-    sol = solve_ivp(lambda t, y: lorenz96(list(y), t, [FORCING]), (0.0, T_END), y0, method="DOP853",
-                    t_eval=times, rtol=1e-12, atol=1e-12)
-    data = sol.y.T[:, observed] + SIGMA * np.random.default_rng(1).standard_normal((times.size, observed.size))
+    y0, times, observed, data = problem(d)
     obs_matrix = np.eye(d)[observed]
 
     row = {"d": d, "structure": structure, "steps": round(T_END / step),
@@ -112,6 +125,71 @@ def measure(d: int, repeats: int, kernel: str = "auto", structure: str = "dense"
     for _ in range(repeats):
         tick = time.perf_counter()
         fn(*args)
+        times_per_eval.append(time.perf_counter() - tick)
+    row["eval"] = float(np.median(times_per_eval))
+    row["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return row
+
+
+def measure_peer(d: int, repeats: int, structure: str, step: float = STEP) -> dict:
+    """probdiffeq's jitted ``value_and_grad`` of the same Fenrir-type loss for ``d`` states, in this process.
+
+    Its state-space model of the same structure (``state_space_model_dense``/``_blockdiag`` with a first-order
+    linearisation, ``_isotropic`` with a zeroth-order one), IWP(3), exact Taylor initialisation, fixed-interval
+    smoother on the same grid, diffusion 1, and ``loss_lml_timeseries``. That loss observes every state at
+    every grid point, so the entries we do not observe get the standard deviation ``UNOBSERVED_STD`` and
+    their nearly constant contribution is removed (the value printed beside ours checks it). ``first`` =
+    tracing, XLA compile and the first call; ``eval`` = median seconds per call.
+    """
+    import math
+    import resource
+
+    import jax
+    import numpy as np
+
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    from probdiffeq import ivpsolve
+    from probdiffeq import probdiffeq as pdq
+
+    from pymc_pnode.solve import fixed_grid
+
+    y0, times, observed, data = problem(d)
+    grid = fixed_grid(np.union1d([0.0], times), step)
+    seen = np.zeros((grid.size, d), dtype=bool)
+    seen[np.ix_(np.searchsorted(grid, times), observed)] = True
+    u = np.zeros((grid.size, d))
+    u[seen] = data.ravel()
+    offset = (seen.size - data.size) * (math.log(UNOBSERVED_STD) + 0.5 * math.log(2 * math.pi))
+    grid, u, seen = jnp.asarray(grid), jnp.asarray(u), jnp.asarray(seen)
+    ssm = {"dense": pdq.state_space_model_dense, "diagonal": pdq.state_space_model_blockdiag,
+           "isotropic": pdq.state_space_model_isotropic}[structure]()
+    loss = pdq.loss_lml_timeseries(average_pdfs=False)
+
+    def loglik(y0, theta, sigma):
+        def field(y, *, t):
+            return (jnp.roll(y, -1) - jnp.roll(y, 2)) * jnp.roll(y, 1) - y + theta[0]
+
+        vf = pdq.ode(field, jacobian=pdq.jacobian_materialize())
+        tcoeffs, _ = pdq.jetexpand_ode_unroll(num=ORDER)(vf, [y0], t=0.0)
+        scale = jnp.ones(()) if structure == "isotropic" else jnp.ones(d)
+        prior = ssm.prior_wiener_integrated(tcoeffs, output_scale=scale)
+        constraint = ssm.constraint_ode_ts0(vf) if structure == "isotropic" else ssm.constraint_ode_ts1(vf)
+        solver = pdq.solver(constraint=constraint, strategy=pdq.strategy_smoother_fixedinterval())
+        sol = ivpsolve.solve_fixed_grid(solver=solver)(prior, grid=grid)
+        return loss(u, posterior=sol.solution_full, std=jnp.where(seen, sigma, UNOBSERVED_STD)) + offset
+
+    value_and_grad = jax.jit(jax.value_and_grad(loglik, argnums=(0, 1, 2)))
+    args = (jnp.asarray(y0), jnp.asarray([FORCING]), jnp.asarray(SIGMA))
+    row = {"d": d, "structure": structure, "steps": round(T_END / step), "kernel": "probdiffeq"}
+    tick = time.perf_counter()
+    value, _ = jax.block_until_ready(value_and_grad(*args))
+    row["first"] = row["total"] = time.perf_counter() - tick
+    row["logp"] = float(value)
+    times_per_eval = []
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        jax.block_until_ready(value_and_grad(*args))
         times_per_eval.append(time.perf_counter() - tick)
     row["eval"] = float(np.median(times_per_eval))
     row["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -159,6 +237,8 @@ def main() -> None:
                         help="a warmed numba cache to start every run from (default: warm a new one)")
     parser.add_argument("--cache-out", type=Path, default=None,
                         help="where to warm the cache when --cache is not given")
+    parser.add_argument("--peer", action="store_true",
+                        help="also time probdiffeq (the `bench` extra) for the dense and diagonal structures")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -184,18 +264,28 @@ def main() -> None:
         rows.append(json.loads(out.strip().splitlines()[-1]))
         shutil.rmtree(run_cache, ignore_errors=True)
         print(rows[-1], file=sys.stderr)
+        if args.peer and structure != "isotropic" and kernel == args.kernels[0]:
+            # probdiffeq's isotropic loss takes one standard deviation per time: it cannot leave states unobserved.
+            code = ("import sys, json; sys.path.insert(0, %r); import scale; "
+                    "print(json.dumps(scale.measure_peer(%d, %d, %r, %r)))") % (
+                str(Path(__file__).resolve().parent), d, args.repeats, structure, args.step)
+            rows.append(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                  check=True).stdout.strip().splitlines()[-1]))
+            print(rows[-1], file=sys.stderr)
 
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; Python "
           f"{platform.python_version()}, numba {numba.__version__}, pytensor {pytensor.__version__}, "
           f"pymc_pnode {pymc_pnode.__version__}; {time.strftime('%Y-%m-%d %H:%M')}\n")
     print("| d | structure | steps | Fenrir kernel | `pn.ODE` | Hessians | Taylor | graph | first logp+grad "
-          "| total to first | logp+grad | peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| total to first | logp+grad | peak RSS | logp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    def seconds(row, key):
+        return f"{row[key]:.1f} s" if key in row else "–"
+
     for r in rows:
-        print(f"| {r['d']} | {r['structure']} | {r['steps']} | {r['kernel']} | {r['ode']:.1f} s | "
-              f"{r['hessians']:.1f} s | {r['taylor']:.1f} s | "
-              f"{r['graph']:.1f} s | {r['first']:.1f} s | {r['total']:.1f} s | {r['eval'] * 1e3:.2f} ms | "
-              f"{r['rss_mb']:.0f} MB |")
+        phases = " | ".join(seconds(r, key) for key in ("ode", "hessians", "taylor", "graph", "first", "total"))
+        print(f"| {r['d']} | {r['structure']} | {r['steps']} | {r['kernel']} | {phases} | {r['eval'] * 1e3:.2f} ms | "
+              f"{r['rss_mb']:.0f} MB | {r['logp']:.6f} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

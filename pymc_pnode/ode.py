@@ -51,8 +51,9 @@ class ODE:
     :class:`pymc.ode.DifferentialEquation`. On construction it is differentiated symbolically and
     translated into straight-line numba functions: the vector field, its Jacobians with respect to
     the state and the parameters, second derivatives (for exact gradients of EK1 filters) and
-    Taylor coefficients of the solution (for exact initialisation). Generated code is cached on
-    disk (see ``PYMC_PNODE_CACHE_DIR``), so a second Python process pays almost nothing.
+    Taylor coefficients of the solution (for exact initialisation; in Taylor mode from a tape of the
+    field, see :mod:`pymc_pnode._taylor_mode`). Generated code is cached on disk (see
+    ``PYMC_PNODE_CACHE_DIR``), so a second Python process pays almost nothing.
 
     Parameters
     ----------
@@ -336,8 +337,9 @@ class ODE:
         r"""Compiled exact Taylor coefficients of the solution up to ``order``.
 
         Returns ``taylor(y0, t0, p, out)``, which writes the derivatives :math:`y^{(k)}(t_0)`,
-        ``k = 0..order``, into ``out`` of shape ``(order + 1, d)``; obtained by exact symbolic
-        differentiation (repeated Lie derivatives), not finite differences. Compiled on first use
+        ``k = 0..order``, into ``out`` of shape ``(order + 1, d)``; exact, by Taylor-mode arithmetic on a
+        tape of the vector field (Griewank & Walther, 2008, ch. 13), or by symbolic Lie derivatives for a
+        field with an operation that has no Taylor rule; not finite differences. Compiled on first use
         (solvers need only this; likelihood gradients also need :meth:`taylor_vjp`, forward-mode tangents
         :meth:`taylor_functions`).
         """
@@ -354,8 +356,8 @@ class ODE:
 
         ``taylor`` is :meth:`taylor_coefficients`; ``taylor_jac(y0, t0, p, out_y, out_p)`` writes the
         derivatives of the coefficients with respect to ``y0`` (shape ``(order + 1, d, d)``) and
-        ``p`` (shape ``(order + 1, d, n_theta)``). The Jacobian module is generated and compiled
-        separately, on first use: for larger systems it is the most expensive generated code.
+        ``p`` (shape ``(order + 1, d, n_theta)``), from the coefficient recursion linearised with the Taylor
+        series of the field's Jacobians along the solution.
         """
         order = self._check_order(order)
         if self._taylor_mode_functions():
@@ -371,8 +373,8 @@ class ODE:
         and the same with respect to ``p`` into ``out_p``.
 
         What reverse-mode gradients of the exact initialisation need (a vector–Jacobian product of
-        :meth:`taylor_functions`' ``taylor_jac``): generated from one reverse pass through the weighted sum, its
-        code grows with the size of the Lie derivatives, not with ``(order + 1) d (d + n_theta)`` entries.
+        :meth:`taylor_functions`' ``taylor_jac``): the linearised coefficient recursion run backwards, at a cost
+        that grows with the non-zero Jacobian entries, not with ``(order + 1) d (d + n_theta)``.
         """
         order = self._check_order(order)
         if self._taylor_mode_functions():
