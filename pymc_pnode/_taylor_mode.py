@@ -69,6 +69,8 @@ class Tape(NamedTuple):
 
 # ---------------------------------------------------------------- building a tape from a PyTensor graph
 class _Builder:
+    """Appends tape rows for graph nodes: each PyTensor scalar operation becomes one or a few Taylor rules."""
+
     def __init__(self, inputs: Sequence[Variable]):
         self.rows: dict[Variable, int] = {v: i for i, v in enumerate(inputs)}
         self.n_rows = len(inputs)

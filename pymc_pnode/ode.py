@@ -201,7 +201,8 @@ class ODE:
     def _taylor_mode_source(self) -> str | None:
         """Source of the Taylor-mode functions (any order), or None when the field has an operation without a
         Taylor rule (the symbolic Lie derivatives serve it then)."""
-        rows = [list(row) for row in [*self._jacobian_graphs()[0], *self._jacobian_graphs()[1]]]
+        jac_y, jac_p = self._jacobian_graphs()
+        rows = [list(row) for row in [*jac_y, *jac_p]]
         # Simplify the entries that are not constants (most are zeros), as the generated Jacobians are.
         where = [(i, j) for i, row in enumerate(rows) for j, g in enumerate(row) if not isinstance(g, Constant)]
         for (i, j), g in zip(where, _codegen.canonicalize([rows[i][j] for i, j in where], self._inputs)):
