@@ -52,8 +52,8 @@ from pytensor.graph.replace import graph_replace
 
 import pymc_pnode as pn
 from pymc_pnode.chkrebtii import ChkrebtiiSolution, chkrebtii_sample
-from pymc_pnode.chkrebtii.kernels import kernel_code
-from pymc_pnode.chkrebtii.structure import covariance_structure, noise_code
+from pymc_pnode.chkrebtii.problem import discretisation
+from pymc_pnode.chkrebtii.structure import covariance_structure
 
 warnings.filterwarnings("ignore", message="PyTensor could not link to a BLAS")
 
@@ -125,9 +125,10 @@ def measure(ode: pn.ODE, n: int, kernel: str, noise: str, repeats: int, budget: 
         row[column], calls = median_seconds(fn, repeats, budget)
         row["calls"] = min(row["calls"], calls)
 
+    disc = discretisation(T_SPAN, n, TIMES, kernel, noise, 1e-12)
+
     def structure():
-        return covariance_structure(n, T_SPAN[1] - T_SPAN[0], TIMES - T_SPAN[0], np.array([lam]),
-                                    kernel_code(kernel), noise_code(noise), 1e-12)
+        return covariance_structure(disc, np.array([lam]))
 
     def draw():
         return chkrebtii_sample(ode, Y0, THETA, T_SPAN, n_grid=n, alpha=alpha, lam=lam,

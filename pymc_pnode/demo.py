@@ -25,7 +25,7 @@ def fitzhugh_nagumo(y, t, p):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--draws", type=int, default=600)
-    parser.add_argument("--tune", type=int, default=300)
+    parser.add_argument("--tune", type=int, default=600)
     parser.add_argument("--chains", type=int, default=4)
     parser.add_argument("--cores", type=int, default=min(4, os.cpu_count() or 1))
     parser.add_argument("--output", default="pymc_pnode_demo.png")
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         pn.Fenrir("V", ode, y0=y0, theta=theta, times=times, observed=data, obs_matrix=[[1.0, 0.0]],
                   obs_sigma=sigma, dims=("time", "observable"))
         # The low-rank mass matrix learns the correlation of log b and log c (≈ −0.9): ≈ 11 leapfrog steps per
-        # draw instead of 16 with the diagonal one.
+        # draw instead of 16 with the diagonal one. 300 tuning steps were too few (docs/benchmarks.md, the demo).
         idata = pm.sample(draws=args.draws, tune=args.tune, chains=args.chains, cores=args.cores, random_seed=1,
                           target_accept=0.95, nuts_sampler="nutpie", progressbar=False,
                           nuts_sampler_kwargs={"low_rank_modified_mass_matrix": True})

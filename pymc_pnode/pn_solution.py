@@ -20,9 +20,9 @@ from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from pymc_pnode._jit import register_object_mode
+from pymc_pnode._jit import readonly, register_object_mode
 from pymc_pnode.differential_equation import flag_failed_solve
-from pymc_pnode.filtering.tangents import filter_tangents
+from pymc_pnode.filtering.tangents import StoredRun, filter_tangents
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
 from pymc_pnode.solve import ODEFilter, solve, validate_filter, validate_ode
@@ -78,9 +78,11 @@ class PNSolutionProblem:
         dy, dp = np.empty((q + 1, d, d)), np.empty((q + 1, d, ode.n_theta))
         taylor_jac(y0, ode.t0, theta, dy, dp)
         dmu0 = np.concatenate([dy, dp], axis=2).reshape((q + 1) * d, n_dir)
+        run = StoredRun(readonly(sol.run.grid), readonly(sol.run.mu), readonly(sol.run.r), readonly(sol.run.kappa),
+                        readonly(sol.out_index, np.int64))
         dmean, dvar, dstat = filter_tangents(  # (EK0 does not call the second derivatives)
-            ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, sol.run.grid, sol.run.mu, sol.run.r,
-            sol.run.kappa, dmu0, q, d, self.solver.prior.Q_bar_sqrt, self.solver.ek1, sol.out_index,
+            ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, run, readonly(dmu0),
+            readonly(self.solver.prior.Q_bar_sqrt), self.solver.ek1,
         )
         mean, std = sol.mean, sol.std
         var = std**2

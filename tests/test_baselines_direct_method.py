@@ -10,7 +10,7 @@ from pymc_pnode.baselines import (
     direct_method,
     integrate,
 )
-from pymc_pnode.baselines.direct_method import ADAMS_BASHFORTH, discretization_objective
+from pymc_pnode.baselines.direct_method import ADAMS_BASHFORTH, ABGrid, discretization_objective
 
 
 def lotka_volterra(y, t, p):
@@ -64,8 +64,8 @@ def test_fast_binding_agrees_with_dispatcher(lv, lv_data):
     theta = np.array([2.0, 1.0, 4.0, 1.0])
     gx = np.zeros_like(data)
     gt = np.zeros(4)
-    ref = discretization_objective(lv.rhs, lv.jac_y, lv.jac_p, np.ascontiguousarray(data), times,
-                                   theta, np.diff(times), 3, ADAMS_BASHFORTH, True, True, gx, gt)
+    grid = ABGrid(np.ascontiguousarray(times), np.diff(times), 3, ADAMS_BASHFORTH)
+    ref = discretization_objective(lv.rhs, lv.jac_y, lv.jac_p, np.ascontiguousarray(data), theta, grid, gx, gt)
     assert obj.value(data, theta) == ref
     np.testing.assert_array_equal(obj.value_and_grad_x(data, theta)[1], gx)
     np.testing.assert_array_equal(obj.value_and_grad_theta(data, theta)[1], gt)

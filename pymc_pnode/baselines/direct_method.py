@@ -20,21 +20,23 @@ inverse step size. Predicted states :math:`\hat X` step the same discretisation 
 :math:`\hat x_1 = x^*_1` with :math:`\hat\theta` (eq. (5)/(11)).
 
 :math:`E` and its gradients are numba kernels taking the ODE's compiled functions as first-class
-arguments (one compiled, disk-cached kernel for all ODEs).
+arguments (one compiled, disk-cached kernel for all ODEs), called through their compiled entry points:
+optimisers call them tens of thousands of times.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections import namedtuple
 from collections.abc import Callable, Sequence
 
 import numba as nb
 import numpy as np
 from scipy.optimize import minimize
 
-from pymc_pnode._codegen import MAT_FN, SIG_MAT, SIG_VEC, VEC_FN
-from pymc_pnode._jit import JIT
-from pymc_pnode.baselines._fastcall import bind_functions
+from pymc_pnode._codegen import MAT_FN, VEC_FN
+from pymc_pnode._jit import JIT, compile_on_first_use
 from pymc_pnode.baselines._inputs import validate_observations
 from pymc_pnode.estimation import EstimationResult
 from pymc_pnode.validation import as_positive_float, as_positive_int, validate_bounds, validate_times
@@ -59,21 +61,26 @@ MAX_ORDER = ADAMS_BASHFORTH.shape[0]
 
 
 # ----------------------------------------------------------------------------- kernels
+ABGrid = namedtuple("ABGrid", ["times", "h", "order", "beta"])
+ABGrid.__doc__ = """The discretisation: grid ``times`` (T,), steps ``h[i] = t_{i+1} - t_i``, the number of steps
+``order`` and the Adams–Bashforth coefficients ``beta`` (:data:`ADAMS_BASHFORTH`)."""
+_AB_GRID_T = nb.types.NamedTuple([nb.float64[::1], nb.float64[::1], nb.int64, nb.float64[:, ::1]], ABGrid)
 _OBJ_SIG = nb.float64(
-    VEC_FN, MAT_FN, MAT_FN, nb.float64[:, ::1], nb.float64[::1], nb.float64[::1], nb.float64[::1],
-    nb.int64, nb.float64[:, ::1], nb.boolean, nb.boolean, nb.float64[:, ::1], nb.float64[::1],
+    VEC_FN, MAT_FN, MAT_FN, nb.float64[:, ::1], nb.float64[::1], _AB_GRID_T, nb.float64[:, ::1], nb.float64[::1]
 )
 
 
-@nb.njit(_OBJ_SIG, **JIT)
-def discretization_objective(
-    rhs, jac_y, jac_p, x, times, theta, h, order, beta, want_gx, want_gtheta, gx, gtheta
-):  # pragma: no cover - numba
-    """``E(X, theta)`` of the s-step AB discretisation; gradients into ``gx``/``gtheta`` if wanted.
+@compile_on_first_use(_OBJ_SIG, **JIT)
+def discretization_objective(rhs, jac_y, jac_p, x, theta, grid, gx, gtheta):  # pragma: no cover - numba
+    """``E(X, theta)`` of the s-step AB discretisation; its gradients are added to ``gx`` / ``gtheta``
+    unless these are empty.
 
-    ``x`` is ``(T, d)``, ``h[i] = t_{i+1} - t_i``. Residual ``r_i`` predicts ``x[i+1]`` from the
+    ``x`` is ``(T, d)``, ``grid`` an :class:`ABGrid`. Residual ``r_i`` predicts ``x[i+1]`` from the
     ``s_i = min(order, i + 1)`` most recent values of ``f``.
     """
+    times, h, order, beta = grid
+    want_gx = gx.shape[0] > 0
+    want_gtheta = gtheta.shape[0] > 0
     n, d = x.shape
     k = theta.shape[0]
     f = np.empty((n, d))
@@ -120,14 +127,12 @@ def discretization_objective(
     return total
 
 
-_PRED_SIG = nb.void(
-    VEC_FN, nb.float64[::1], nb.float64[::1], nb.float64[::1], nb.float64[::1], nb.int64,
-    nb.float64[:, ::1], nb.float64[:, ::1],
-)
+_PRED_SIG = nb.void(VEC_FN, nb.float64[::1], nb.float64[::1], _AB_GRID_T, nb.float64[:, ::1])
 
 
-@nb.njit(_PRED_SIG, **JIT)
-def _ab_predict_kernel(rhs, x1, times, theta, h, order, beta, out):  # pragma: no cover - numba
+@compile_on_first_use(_PRED_SIG, **JIT)
+def _ab_predict_kernel(rhs, x1, theta, grid, out):  # pragma: no cover - numba
+    times, h, order, beta = grid
     n, d = out.shape
     f = np.empty((n, d))
     for a in range(d):
@@ -179,10 +184,9 @@ class DirectMethodObjective:
         self.h = _validate_grid(self.times, self.order)
         self.d, self.k = ode.n_states, ode.n_theta
         self.shape = (self.times.size, self.d)
-        self._call = bind_functions(
-            discretization_objective, (ode.rhs, ode.jac_y, ode.jac_p), (SIG_VEC, SIG_MAT, SIG_MAT)
-        )
-        self._predict = bind_functions(_ab_predict_kernel, (ode.rhs,), (SIG_VEC,))
+        self.grid = ABGrid(self.times, self.h, self.order, ADAMS_BASHFORTH)
+        self._call = functools.partial(discretization_objective.entry_point, ode.rhs, ode.jac_y, ode.jac_p)
+        self._predict = functools.partial(_ab_predict_kernel.entry_point, ode.rhs)
         self._no_gx = np.zeros((0, 0))
         self._no_gt = np.zeros(0)
         self.n_evals = 0
@@ -197,23 +201,20 @@ class DirectMethodObjective:
     def value(self, x, theta) -> float:
         """:math:`E(X, \\theta)`."""
         self.n_evals += 1
-        return self._call(self._x(x), self.times, self._theta(theta), self.h, self.order,
-                          ADAMS_BASHFORTH, False, False, self._no_gx, self._no_gt)
+        return self._call(self._x(x), self._theta(theta), self.grid, self._no_gx, self._no_gt)
 
     def value_and_grad_x(self, x, theta) -> tuple[float, np.ndarray]:
         """:math:`E` and :math:`\\partial E/\\partial X` (shape ``(T, d)``)."""
         self.n_evals += 1
         g = np.zeros(self.shape)
-        v = self._call(self._x(x), self.times, self._theta(theta), self.h, self.order,
-                       ADAMS_BASHFORTH, True, False, g, self._no_gt)
+        v = self._call(self._x(x), self._theta(theta), self.grid, g, self._no_gt)
         return v, g
 
     def value_and_grad_theta(self, x, theta) -> tuple[float, np.ndarray]:
         """:math:`E` and :math:`\\partial E/\\partial\\theta` (shape ``(n_theta,)``)."""
         self.n_evals += 1
         g = np.zeros(self.k)
-        v = self._call(self._x(x), self.times, self._theta(theta), self.h, self.order,
-                       ADAMS_BASHFORTH, False, True, self._no_gx, g)
+        v = self._call(self._x(x), self._theta(theta), self.grid, self._no_gx, g)
         return v, g
 
     def predict(self, x1, theta) -> np.ndarray:
@@ -221,8 +222,7 @@ class DirectMethodObjective:
         out = np.empty(self.shape)
         x1 = np.ascontiguousarray(x1, dtype=np.float64).reshape(self.d)
         with np.errstate(all="ignore"):
-            self._predict(x1, self.times, self._theta(theta), self.h, self.order, ADAMS_BASHFORTH,
-                          out)
+            self._predict(x1, self._theta(theta), self.grid, out)
         return out
 
 

@@ -35,7 +35,7 @@ _STATIONARY = 1e-4
 class _SingleShootingProblem:
     """Objective and exact gradient of single shooting in the optimiser's coordinates."""
 
-    def __init__(self, ode, obs, theta_fixed_y0, fit_y0, log_mask, method, rtol, atol, max_step,
+    def __init__(self, ode, obs, theta_fixed_y0, fit_y0, log_mask, *, method, rtol, atol, max_step=np.inf,
                  max_nfev=DEFAULT_MAX_NFEV):
         self.ode = ode
         self.obs = obs
@@ -119,9 +119,8 @@ def least_squares_objective(
     validate_method(method)
     theta = ode.validate_theta(theta)
     y0 = ode.validate_y0(y0)
-    prob = _SingleShootingProblem(
-        ode, obs, y0, True, np.zeros(ode.n_theta, bool), method, rtol, atol, np.inf
-    )
+    prob = _SingleShootingProblem(ode, obs, y0, True, np.zeros(ode.n_theta, bool), method=method, rtol=rtol,
+                                  atol=atol)
     value, grad = prob.value_and_grad(np.concatenate([theta, y0]))
     if value == _FAILED_VALUE:
         return np.inf, np.full(ode.n_theta, np.nan), np.full(ode.n_states, np.nan)
@@ -269,8 +268,8 @@ def rk_least_squares(
             if not lo <= y0[i] <= hi:
                 raise ValueError(f"y0[{i}] = {y0[i]} lies outside y0_bounds ({lo}, {hi})")
 
-    prob = _SingleShootingProblem(ode, obs, y0, fit_y0, log_mask, method, rtol, atol, max_step,
-                                  max_nfev)
+    prob = _SingleShootingProblem(ode, obs, y0, fit_y0, log_mask, method=method, rtol=rtol, atol=atol,
+                                  max_step=max_step, max_nfev=max_nfev)
     u0 = theta0.copy()
     u0[log_mask] = np.log(u0[log_mask])
     if fit_y0:

@@ -185,7 +185,8 @@ class _AugmentedSystem:
         )
 
 
-def _solve_ivp(fun, jac, t_span, z0, method, rtol, atol, t_eval, dense_output, max_step, first_step):
+def _solve_ivp(fun, jac, t_span, z0, *, method, rtol, atol, t_eval=None, dense_output=False, max_step=np.inf,
+               first_step=None):
     kwargs: dict[str, Any] = dict(
         method=method, rtol=rtol, atol=atol, t_eval=t_eval, dense_output=dense_output,
         max_step=max_step,
@@ -270,8 +271,8 @@ def integrate(
         return _pack(system, times, np.tile(z, (n_out, 1)), True, "zero-length span", None)
     try:
         sol = _solve_ivp(
-            system.fun, system.jac, (t0, float(times[-1])), system.z0(y0), method, rtol, atol,
-            times, dense_output, max_step, first_step,
+            system.fun, system.jac, (t0, float(times[-1])), system.z0(y0), method=method, rtol=rtol, atol=atol,
+            t_eval=times, dense_output=dense_output, max_step=max_step, first_step=first_step,
         )
     except _BudgetExceeded:
         return _pack(
@@ -405,8 +406,7 @@ def adjoint_gradient(
     system = _AdjointSystem(ode, theta, forward, int(max_nfev))
     z1 = np.concatenate([g, np.zeros(ode.n_theta)])
     try:
-        sol = _solve_ivp(system.fun, system.jac, (t1, t0), z1, method, rtol, atol, None, False,
-                         np.inf, None)
+        sol = _solve_ivp(system.fun, system.jac, (t1, t0), z1, method=method, rtol=rtol, atol=atol)
     except (_BudgetExceeded, ValueError, ArithmeticError, np.linalg.LinAlgError) as err:
         nan = np.full(ode.n_states, np.nan), np.full(ode.n_theta, np.nan)
         what = (f"more than max_nfev={max_nfev} evaluations" if isinstance(err, _BudgetExceeded)

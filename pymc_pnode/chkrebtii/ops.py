@@ -15,46 +15,53 @@ Chkrebtii et al., 2016).
 
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from pymc_pnode._jit import readonly
+from pymc_pnode._jit import as_readonly, readonly
 from pymc_pnode.chkrebtii.problem import Discretisation, field_spec
-from pymc_pnode.chkrebtii.recursion import backward, forward
-from pymc_pnode.chkrebtii.structure import covariance_structure, stacked_structure
+from pymc_pnode.chkrebtii.recursion import Innovations, Setting, backward, forward
+from pymc_pnode.chkrebtii.structure import Weights, covariance_structure, stacked_structure
 
 __all__ = ["CovarianceStructureOp", "CovarianceTangentOp", "RecursionGradOp", "RecursionOp"]
 
 _STRUCT_NDIMS = (3, 2, 3, 2, 3, 3)  # lb, ginf, gn, sd, hh, lt
 
 
-def _structure(disc: Discretisation, lam: np.ndarray, tangent: bool):
-    return covariance_structure(disc.n_grid, disc.span, disc.times_rel, lam, disc.kernel_code,
-                                disc.noise_code, disc.jitter, tangent)
 
 
-class CovarianceStructureOp(Op):
-    """``lam (C,) -> (lb, ginf, gn, sd, hh, lt, w)`` for a fixed :class:`Discretisation`."""
+class _StructureOpBase(Op):
+    """An Op of the length-scales ``lam`` (C,) for a fixed :class:`Discretisation`."""
 
     __props__ = ("disc",)
 
     def __init__(self, disc: Discretisation):
         self.disc = disc
 
-    def make_node(self, lam):
+    def _apply(self, lam, with_bandwidth: bool) -> Apply:
+        """The node: the six weight arrays of :class:`Weights` (and the bandwidths)."""
         lam = pt.as_tensor_variable(lam).astype("float64")
         if lam.ndim != 1:
             raise ValueError(f"lam must be a 1-d tensor here, got ndim={lam.ndim}")
         outs = [pt.tensor(dtype="float64", shape=(None,) * nd) for nd in _STRUCT_NDIMS]
-        outs.append(pt.tensor(dtype="int64", shape=(None,)))
+        if with_bandwidth:
+            outs.append(pt.tensor(dtype="int64", shape=(None,)))
         return Apply(self, [lam], outs)
 
+
+class CovarianceStructureOp(_StructureOpBase):
+    """``lam (C,) -> (lb, ginf, gn, sd, hh, lt, w)`` for a fixed :class:`Discretisation`."""
+
+    def make_node(self, lam):
+        return self._apply(lam, True)
+
     def perform(self, node, inputs, output_storage):
-        st = _structure(self.disc, inputs[0], False)
-        for store, arr in zip(output_storage, st.arrays()):
+        st = covariance_structure(self.disc, inputs[0])
+        for store, arr in zip(output_storage, (*st.weights, st.w)):
             store[0] = arr
 
     def L_op(self, inputs, outputs, output_grads):
@@ -71,21 +78,14 @@ class CovarianceStructureOp(Op):
         return [[True] * 6 + [False]]
 
 
-class CovarianceTangentOp(Op):
+class CovarianceTangentOp(_StructureOpBase):
     """``lam -> d(lb, ginf, gn, sd, hh, lt)/d lam`` (component ``c`` with respect to ``lam[c]``)."""
 
-    __props__ = ("disc",)
-
-    def __init__(self, disc: Discretisation):
-        self.disc = disc
-
     def make_node(self, lam):
-        lam = pt.as_tensor_variable(lam).astype("float64")
-        outs = [pt.tensor(dtype="float64", shape=(None,) * nd) for nd in _STRUCT_NDIMS]
-        return Apply(self, [lam], outs)
+        return self._apply(lam, False)
 
     def perform(self, node, inputs, output_storage):
-        st = _structure(self.disc, inputs[0], True)
+        st = covariance_structure(self.disc, inputs[0], tangent=True)
         for store, arr in zip(output_storage, st.tangents):
             store[0] = arr
 
@@ -104,7 +104,7 @@ class _RecursionBase(Op):
         self.draw = bool(draw)
         self.cmap = tuple(int(c) for c in cmap)
         self._spec = None
-        self._grid = None
+        self._setting = None
 
     @property
     def spec(self):
@@ -112,44 +112,46 @@ class _RecursionBase(Op):
             self._spec = field_spec(self.ode, self.disc.grid)
         return self._spec
 
+    @property
+    def setting(self) -> Setting:
+        """The recursion's :class:`~pymc_pnode.chkrebtii.recursion.Setting` without the bandwidths (an input)."""
+        if self._setting is None:
+            self._setting = self.spec.setting(np.zeros(0, np.int64), self.cmap, self.disc.grid, self.draw)
+        return self._setting
+
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_spec"] = None
-        state["_grid"] = None
+        state["_spec"] = state["_setting"] = None
         return state
 
-    def _inputs(self, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w):
-        f64 = [pt.as_tensor_variable(x).astype("float64")
-               for x in (y0, theta, z, zt, lb, ginf, gn, sd, hh, lt)]
-        w = pt.as_tensor_variable(w).astype("int64")
+    @staticmethod
+    def _inputs(values) -> list:
+        """``(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w)`` as tensors of the recursion's dtypes and ranks."""
+        names = ("y0", "theta", "z", "zt", *Weights._fields)
         ndims = (1, 1, 2, 2, 3, 2, 3, 2, 3, 3)
-        names = ("y0", "theta", "z", "zt", "lb", "ginf", "gn", "sd", "hh", "lt")
+        f64 = [pt.as_tensor_variable(x).astype("float64") for x in values[:10]]
         for var, nd, nm in zip(f64, ndims, names):
             if var.ndim != nd:
                 raise ValueError(f"{nm} must have ndim={nd}, got {var.ndim}")
-        return [*f64, w]
+        return [*f64, pt.as_tensor_variable(values[10]).astype("int64")]
 
-    def _call_args(self, inputs):
+    def _kernel_args(self, inputs) -> tuple:
+        """The recursion's arguments after its six functions: ``(setting, weights, innovations)``."""
         arrays = [readonly(x) for x in inputs[:10]]
-        spec = self.spec
-        if self._grid is None:
-            self._grid = readonly(self.disc.grid)
-            self._cmap = readonly(self.cmap, np.int64)
-            self._forcing = readonly(spec.forcing)
-        return (*spec.kernel_args(), *arrays, readonly(inputs[10], np.int64), self._cmap, self._grid,
-                self.draw, spec.lag_mode, spec.tau_index, spec.tau_fixed, self._forcing)
+        setting = Setting(readonly(inputs[10], np.int64), *self.setting[1:])  # (faster than _replace)
+        return setting, Weights(*arrays[4:]), Innovations(*arrays[:4])
 
 
 class RecursionOp(_RecursionBase):
     """``(y0, theta, z, zT, structure...) -> (U (T, d), failed)``; ``failed = 1`` if the solve diverged."""
 
     def make_node(self, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w):
-        inputs = self._inputs(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w)
+        inputs = self._inputs((y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w))
         outs = [pt.matrix(dtype="float64"), pt.scalar(dtype="float64")]
         return Apply(self, inputs, outs)
 
     def perform(self, node, inputs, output_storage):
-        out, _, _, _, _, status = forward(*self._call_args(inputs))
+        out, _, _, _, _, status = forward.entry_point(*self.spec.functions, *self._kernel_args(inputs))
         output_storage[0][0] = out
         output_storage[1][0] = np.asarray(float(status != 0))
 
@@ -171,15 +173,15 @@ class RecursionGradOp(_RecursionBase):
     """Cotangents of ``(y0, theta, z, zT, lb, ginf, gn, sd, hh, lt)`` given the output cotangent."""
 
     def make_node(self, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w, ubar):
-        inputs = self._inputs(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w)
+        inputs = self._inputs((y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w))
         inputs.append(pt.as_tensor_variable(ubar).astype("float64"))
         outs = [x.type() for x in inputs[:10]]
         return Apply(self, inputs, outs)
 
     def perform(self, node, inputs, output_storage):
-        ubar = np.ascontiguousarray(inputs[-1], dtype=np.float64)
-        grads = backward(*self._call_args(inputs[:-1]), ubar)
-        for store, g in zip(output_storage, grads):
+        y0b, thb, zb, ztb, weights_bar = backward.entry_point(*self.spec.functions,
+                                                              *self._kernel_args(inputs[:-1]), readonly(inputs[-1]))
+        for store, g in zip(output_storage, (y0b, thb, zb, ztb, *weights_bar)):
             store[0] = g
 
     def infer_shape(self, fgraph, node, shapes):
@@ -200,69 +202,76 @@ def _register_numba() -> None:
     except ImportError:  # pragma: no cover - older PyTensor without the numba backend
         return
 
-    @register_funcify_and_cache_key(CovarianceStructureOp)
-    def _funcify_structure(op, node=None, **kwargs):
-        d = op.disc
-        nn, span, times, kind, noise, jitter = (d.n_grid, d.span, readonly(d.times_rel),
-                                                d.kernel_code, d.noise_code, d.jitter)
+    def structure_function(op, tangent: bool):
+        nn, span, times, kind, noise, jitter = op.disc.structure_arguments()
 
         @numba_njit
         def chkrebtii_structure(lam):
-            r = stacked_structure(nn, span, times, np.ascontiguousarray(lam), kind, noise, jitter, False)
-            return r[0], r[1], r[2], r[3], r[4], r[5], r[6]
+            return stacked_structure(nn, span, times, as_readonly(np.ascontiguousarray(lam)), kind, noise, jitter,
+                                     tangent)
 
-        return chkrebtii_structure, None
+        return chkrebtii_structure
+
+    @register_funcify_and_cache_key(CovarianceStructureOp)
+    def _funcify_structure(op, node=None, **kwargs):
+        structure = structure_function(op, False)
+
+        @numba_njit
+        def chkrebtii_structure_values(lam):  # one output per Op output
+            v, w, _ = structure(lam)
+            return v.lb, v.ginf, v.gn, v.sd, v.hh, v.lt, w
+
+        return chkrebtii_structure_values, None
 
     @register_funcify_and_cache_key(CovarianceTangentOp)
     def _funcify_tangent(op, node=None, **kwargs):
-        d = op.disc
-        nn, span, times, kind, noise, jitter = (d.n_grid, d.span, readonly(d.times_rel),
-                                                d.kernel_code, d.noise_code, d.jitter)
+        structure = structure_function(op, True)
 
         @numba_njit
         def chkrebtii_structure_tangent(lam):
-            r = stacked_structure(nn, span, times, np.ascontiguousarray(lam), kind, noise, jitter, True)
-            return r[7], r[8], r[9], r[10], r[11], r[12]
+            _, _, t = structure(lam)
+            return t.lb, t.ginf, t.gn, t.sd, t.hh, t.lt
 
         return chkrebtii_structure_tangent, None
 
     def constants(op):
-        spec = op.spec
-        return (spec, readonly(op.cmap, np.int64), readonly(op.disc.grid), readonly(spec.forcing))
+        return op.spec.functions, op.setting
+
+    @nb.njit(inline="always")
+    def arguments(fixed, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w):
+        """The recursion's bundles inside the compiled graph (its arrays typed read-only)."""
+        _, cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing = fixed
+        setting = Setting(as_readonly(np.ascontiguousarray(w)), cmap, grid, draw, lag_mode, tau_index, tau_fixed,
+                          forcing)
+        c = np.ascontiguousarray
+        weights = Weights(as_readonly(c(lb)), as_readonly(c(ginf)), as_readonly(c(gn)), as_readonly(c(sd)),
+                          as_readonly(c(hh)), as_readonly(c(lt)))
+        innovations = Innovations(as_readonly(c(y0)), as_readonly(c(theta)), as_readonly(c(z)), as_readonly(c(zt)))
+        return setting, weights, innovations
 
     @register_funcify_and_cache_key(RecursionOp)
     def _funcify_recursion(op, node=None, **kwargs):
-        spec, cmap, grid, forcing = constants(op)
-        rhs, jac_y, jac_p, hist, hist_jp, hist_dt = spec.kernel_args()
-        draw, lag_mode, tau_index, tau_fixed = op.draw, spec.lag_mode, spec.tau_index, spec.tau_fixed
+        (rhs, jac_y, jac_p, hist, hist_jp, hist_dt), fixed = constants(op)
 
         @numba_njit
-        def chkrebtii_recursion(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w):
-            out, _, _, _, _, status = forward(
-                rhs, jac_y, jac_p, hist, hist_jp, hist_dt, np.ascontiguousarray(y0),
-                np.ascontiguousarray(theta), np.ascontiguousarray(z), np.ascontiguousarray(zt),
-                np.ascontiguousarray(lb), np.ascontiguousarray(ginf), np.ascontiguousarray(gn),
-                np.ascontiguousarray(sd), np.ascontiguousarray(hh), np.ascontiguousarray(lt),
-                np.ascontiguousarray(w), cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing)
+        def chkrebtii_recursion(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w):  # the Op's inputs
+            setting, weights, innovations = arguments(fixed, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w)
+            out, _, _, _, _, status = forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights,
+                                              innovations)
             return out, np.asarray(1.0 if status != 0 else 0.0)
 
         return chkrebtii_recursion, None
 
     @register_funcify_and_cache_key(RecursionGradOp)
     def _funcify_recursion_grad(op, node=None, **kwargs):
-        spec, cmap, grid, forcing = constants(op)
-        rhs, jac_y, jac_p, hist, hist_jp, hist_dt = spec.kernel_args()
-        draw, lag_mode, tau_index, tau_fixed = op.draw, spec.lag_mode, spec.tau_index, spec.tau_fixed
+        (rhs, jac_y, jac_p, hist, hist_jp, hist_dt), fixed = constants(op)
 
         @numba_njit
-        def chkrebtii_recursion_grad(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w, ubar):
-            return backward(
-                rhs, jac_y, jac_p, hist, hist_jp, hist_dt, np.ascontiguousarray(y0),
-                np.ascontiguousarray(theta), np.ascontiguousarray(z), np.ascontiguousarray(zt),
-                np.ascontiguousarray(lb), np.ascontiguousarray(ginf), np.ascontiguousarray(gn),
-                np.ascontiguousarray(sd), np.ascontiguousarray(hh), np.ascontiguousarray(lt),
-                np.ascontiguousarray(w), cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing,
-                np.ascontiguousarray(ubar))
+        def chkrebtii_recursion_grad(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w, ubar):  # the Op's inputs
+            setting, weights, innovations = arguments(fixed, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w)
+            y0b, thb, zb, ztb, wb = backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights,
+                                            innovations, as_readonly(np.ascontiguousarray(ubar)))
+            return y0b, thb, zb, ztb, wb.lb, wb.ginf, wb.gn, wb.sd, wb.hh, wb.lt
 
         return chkrebtii_recursion_grad, None
 

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pymc_pnode._jit import readonly
 from pymc_pnode.chkrebtii.callbacks import ode_callbacks
 from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.kernels import kernel_code
-from pymc_pnode.chkrebtii.recursion import LAG_CONSTANT, LAG_FUNCTION, LAG_NONE
+from pymc_pnode.chkrebtii.recursion import LAG_CONSTANT, LAG_FUNCTION, LAG_NONE, Setting
 from pymc_pnode.chkrebtii.structure import noise_code
 from pymc_pnode.ode import ODE
 from pymc_pnode.validation import validate_t_span, validate_times
@@ -49,6 +50,11 @@ class Discretisation:
     def times_rel(self) -> np.ndarray:
         """Output times measured from ``t0``."""
         return np.ascontiguousarray(self.times_array - self.t0)
+
+    def structure_arguments(self) -> tuple:
+        """``(n_grid, span, times from t0, kernel code, noise code, jitter)`` (read-only times): the
+        settings of :func:`~pymc_pnode.chkrebtii.structure.stacked_structure` besides ``lam``."""
+        return self.n_grid, self.span, readonly(self.times_rel), self.kernel_code, self.noise_code, self.jitter
 
     @property
     def kernel_code(self) -> int:
@@ -97,14 +103,14 @@ def positive_parameter(value, name: str, n_states: int) -> np.ndarray:
 
 @dataclass
 class FieldSpec:
-    """What the recursion kernels need to evaluate an :class:`ODE` or a :class:`DelayODE`."""
+    """What the recursion kernels need to evaluate an :class:`ODE` or a :class:`DelayODE`.
 
-    rhs: int
-    jac_y: int
-    jac_p: int
-    hist: int
-    hist_jp: int
-    hist_dt: int
+    ``functions`` are the recursion's first six arguments, addresses of C callbacks: the (augmented)
+    field's ``rhs``, ``jac_y`` and ``jac_p``, and the history function, its ``theta``-Jacobian and its
+    time derivative (0 where there is no history function: never called then).
+    """
+
+    functions: tuple
     lag_mode: int
     tau_index: int
     tau_fixed: float
@@ -112,30 +118,26 @@ class FieldSpec:
     n_states: int
     n_theta: int
 
-    def kernel_args(self) -> tuple:
-        return self.rhs, self.jac_y, self.jac_p, self.hist, self.hist_jp, self.hist_dt
-
-    def lag_args(self) -> tuple:
-        return self.lag_mode, self.tau_index, self.tau_fixed, self.forcing
+    def setting(self, bandwidth: np.ndarray, cmap: np.ndarray, grid: np.ndarray, draw: bool) -> Setting:
+        """The recursion's :class:`~pymc_pnode.chkrebtii.recursion.Setting` (read-only arrays)."""
+        return Setting(readonly(bandwidth, np.int64), readonly(cmap, np.int64), readonly(grid), bool(draw),
+                       self.lag_mode, self.tau_index, self.tau_fixed, readonly(self.forcing))
 
 
 def field_spec(ode: ODE | DelayODE, grid: np.ndarray) -> FieldSpec:
     """Adapter from an :class:`ODE` / :class:`DelayODE` to the recursion kernels' arguments."""
     if isinstance(ode, DelayODE):
-        rhs, jac_y, jac_p = ode_callbacks(ode.augmented)
+        history = (0, 0, 0)  # LAG_CONSTANT: never called
+        mode = LAG_CONSTANT
         if ode.history_ode is not None:
             hist, _, hist_jp = ode_callbacks(ode.history_ode)
-            hist_dt = ode_callbacks(ode.history_dt_ode)[0]
+            history = (hist, hist_jp, ode_callbacks(ode.history_dt_ode)[0])
             mode = LAG_FUNCTION
-        else:
-            hist, hist_jp, hist_dt = 0, 0, 0  # never called
-            mode = LAG_CONSTANT
         tau_index = -1 if ode.delay_param is None else ode.delay_param
         tau_fixed = 0.0 if ode.delay is None else ode.delay
-        return FieldSpec(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, mode, tau_index, tau_fixed,
+        return FieldSpec((*ode_callbacks(ode.augmented), *history), mode, tau_index, tau_fixed,
                          ode.forcing_values(grid), ode.n_states, ode.n_theta)
     if isinstance(ode, ODE):
-        rhs, jac_y, jac_p = ode_callbacks(ode)
-        return FieldSpec(rhs, jac_y, jac_p, 0, 0, 0, LAG_NONE, -1, 0.0, np.zeros((grid.size, 0)),
-                         ode.n_states, ode.n_theta)
+        return FieldSpec((*ode_callbacks(ode), 0, 0, 0), LAG_NONE, -1, 0.0, np.zeros((grid.size, 0)), ode.n_states,
+                         ode.n_theta)
     raise ValueError(f"ode must be a pymc_pnode.ODE or DelayODE, got {type(ode).__name__}")

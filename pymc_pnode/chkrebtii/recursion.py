@@ -16,42 +16,75 @@ draws without their noise) on the grid, or the history function before ``t0``.
 
 ``backward`` recomputes the forward pass and returns the exact reverse-mode gradient with respect
 to every input (``y0``, ``theta``, the innovations and the structure arrays). Both kernels take the
-vector field as addresses of C callbacks (:mod:`pymc_pnode.chkrebtii.callbacks`) and have explicit
-signatures, so they are compiled once (and cached on disk) for every ODE.
+vector field as addresses of C callbacks (:mod:`pymc_pnode.chkrebtii.callbacks`) and named bundles of
+arrays, with explicit signatures: they are compiled once (and cached on disk) for every ODE, at their
+first use.
 """
 
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numba as nb
 import numpy as np
 
-from pymc_pnode._jit import JIT
+from pymc_pnode._jit import JIT, compile_on_first_use, readonly
 from pymc_pnode.chkrebtii.callbacks import call_fn
+from pymc_pnode.chkrebtii.structure import Weights
 
-__all__ = ["LAG_CONSTANT", "LAG_FUNCTION", "LAG_NONE", "backward", "forward"]
+__all__ = ["LAG_CONSTANT", "LAG_FUNCTION", "LAG_NONE", "Innovations", "Setting", "backward", "forward"]
 
 LAG_NONE = 0
 LAG_CONSTANT = 1  # history phi(t) = y0 for t <= t0
 LAG_FUNCTION = 2  # history phi(t, theta) compiled from a user function
 
 
-# Inputs are read-only C-contiguous arrays (PyTensor passes constants read-only); see ``readonly``.
-_F1 = nb.types.Array(nb.float64, 1, "C", readonly=True)
-_F2 = nb.types.Array(nb.float64, 2, "C", readonly=True)
-_F3 = nb.types.Array(nb.float64, 3, "C", readonly=True)
-_I1 = nb.types.Array(nb.int64, 1, "C", readonly=True)
-_ARGS = (
-    nb.int64, nb.int64, nb.int64,  # rhs, jac_y, jac_p of the (augmented) field (C callbacks)
-    nb.int64, nb.int64, nb.int64,  # history phi, d phi / d theta, d phi / dt
-    _F1, _F1, _F2, _F2,  # y0, theta, z (N-1, d), zT (T, d)
-    _F3, _F2, _F3, _F2, _F3, _F3,  # lb, ginf, gn, sd (d, N), hh, lt (d, T, T)
-    _I1, _I1,  # w per structure, cmap per state
-    _F1, nb.boolean,  # absolute grid, final joint draw?
-    # lag mode, delay index in theta (-1: fixed delay), fixed delay, forcing (N, n_forcing)
-    nb.int64, nb.int64, nb.float64, _F2,
+Setting = namedtuple(
+    "Setting", ["bandwidth", "cmap", "grid", "draw", "lag_mode", "tau_index", "tau_fixed", "forcing"]
 )
+Setting.__doc__ = """Everything of one recursion besides the weights and the differentiable inputs.
+
+``bandwidth`` (int64 ``(C,)``) of each structure, ``cmap`` (int64 ``(d,)``) the structure of each state,
+``grid`` the absolute grid ``s``, ``draw`` whether the output is the final joint draw (else the conditional
+mean), the lag mode, the index of the delay in ``theta`` (``-1``: the fixed delay ``tau_fixed``) and the
+forcing values ``(N, n_forcing)`` on the grid.
+"""
+Innovations = namedtuple("Innovations", ["y0", "theta", "z", "zt"])
+Innovations.__doc__ = """The differentiable inputs besides the weights: ``y0``, ``theta`` and the standard-normal
+innovations ``z`` ``(N - 1, d)`` of the step-ahead draws and ``zt`` ``(T, d)`` of the final joint draw."""
+
+
+def _bundle_type(bundle, *arrays):
+    """numba type of ``bundle`` holding read-only versions of the example values (unequal types: a
+    heterogeneous named tuple; ``nb.types.NamedTuple`` would mistype an all-equal bundle)."""
+    return nb.typeof(bundle(*(readonly(a, np.asarray(a).dtype) if isinstance(a, np.ndarray) else a
+                              for a in arrays)))
+
+
+# Inputs are read-only C-contiguous arrays (PyTensor passes constants read-only); see ``readonly``.
+_WEIGHTS_T = _bundle_type(Weights, np.zeros((1, 1, 1)), np.zeros((1, 1)), np.zeros((1, 1, 1)),
+                          np.zeros((1, 1)), np.zeros((1, 1, 1)), np.zeros((1, 1, 1)))
+_SETTING_T = _bundle_type(Setting, np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), True, 0, 0, 0.0,
+                          np.zeros((1, 1)))
+_INNOVATIONS_T = _bundle_type(Innovations, np.zeros(1), np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)))
+# addresses of the C callbacks of rhs, jac_y, jac_p of the (augmented) field and of the history phi,
+# d phi / d theta and d phi / dt
+_FIELD_T = (nb.int64,) * 6
+_ARGS = (*_FIELD_T, _SETTING_T, _WEIGHTS_T, _INNOVATIONS_T)
+
+
+@nb.njit(inline="always", **JIT)
+def _prologue(setting, weights, innovations):
+    """``(sizes, h, tau, y0, theta)``: the sizes (grid points, states, parameters, lagged states, augmented
+    parameters ``theta``, lags and forcing, output times), the grid step, the delay (a parameter or fixed),
+    and writable copies of ``y0`` and ``theta`` (the callbacks take writable arrays)."""
+    grid, y0, theta = setting.grid, innovations.y0, innovations.theta
+    nn, d, k = grid.shape[0], y0.shape[0], theta.shape[0]
+    n_lag = d if setting.lag_mode != LAG_NONE else 0
+    sizes = (nn, d, k, n_lag, k + n_lag + setting.forcing.shape[1], weights.hh.shape[1])
+    tau = theta[setting.tau_index] if setting.tau_index >= 0 else setting.tau_fixed
+    return sizes, (grid[nn - 1] - grid[0]) / (nn - 1), tau, y0.copy(), theta.copy()
 
 
 @nb.njit(**JIT)
@@ -64,27 +97,24 @@ def _lag_position(a, h, n):
     return j, x - j
 
 
-@nb.njit(_ARGS, **JIT)
-def forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt,
-            wv, cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing):
+@compile_on_first_use(_ARGS, **JIT)
+def forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights, innovations):
     """One realisation of Algorithm 1 given all its standard-normal innovations.
+
+    ``rhs``, ``jac_y``, ``jac_p`` are the C callbacks of the (augmented) vector field, ``hist``,
+    ``hist_jp``, ``hist_dt`` those of the history function, its ``theta``-Jacobian and its time
+    derivative (called only with ``LAG_FUNCTION``); ``setting`` a :class:`Setting`, ``weights`` the structure's
+    :class:`~pymc_pnode.chkrebtii.structure.Weights` and ``innovations`` the :class:`Innovations`.
 
     Returns ``(U, Umean, u, e, paug, status)``: the output (final joint draw, or the conditional
     mean if ``draw`` is false), the conditional mean ``m^N(t)`` given the interrogations, the grid
     states ``u_n`` (step-ahead draws), the whitened interrogations, the augmented parameter vector of
     every step, and ``status`` (0 success, 1 non-finite values: the solve diverged).
     """
-    nn = grid.shape[0]
-    d = y0.shape[0]
-    k = theta.shape[0]
-    nf = forcing.shape[1]
-    nl = d if lag_mode != LAG_NONE else 0
-    naug = k + nl + nf
-    nt = hh.shape[1]
-    h = (grid[nn - 1] - grid[0]) / (nn - 1)
-    tau = theta[tau_index] if tau_index >= 0 else tau_fixed
-    y0w = y0.copy()
-    thw = theta.copy()
+    wv, cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing = setting
+    lb, ginf, gn, sd, hh, lt = weights
+    y0, theta, z, zt = innovations
+    (nn, d, k, nl, naug, nt), h, tau, y0w, thw = _prologue(setting, weights, innovations)
     u = np.zeros((nn, d))
     mb = np.zeros((nn, d))  # step-ahead conditional means m^{n-1}(s_n)
     e = np.zeros((nn, d))
@@ -125,7 +155,7 @@ def forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, y0, theta, z, zt, lb, gin
                 call_fn(hist, y0w, grid[0] + a, thw, lagbuf)
                 for i in range(d):
                     paug[n, k + i] = lagbuf[i]
-        for q in range(nf):
+        for q in range(forcing.shape[1]):
             paug[n, k + nl + q] = forcing[n, q]
         call_fn(rhs, u[n], grid[n], paug[n], fbuf)
         for i in range(d):
@@ -157,25 +187,17 @@ def forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, y0, theta, z, zt, lb, gin
     return out, outm, u, e, paug, status
 
 
-@nb.njit((*_ARGS, nb.float64[:, ::1]), **JIT)
-def backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt,
-             wv, cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing, ubar):
+@compile_on_first_use((*_ARGS, nb.types.Array(nb.float64, 2, "C", readonly=True)), **JIT)
+def backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights, innovations, ubar):
     """Reverse-mode gradient of ``forward``'s output ``U`` contracted with ``ubar`` (shape ``(T, d)``).
 
-    Returns the cotangents of ``(y0, theta, z, zT, lb, ginf, gn, sd, hh, lt)``; all zero if the
-    forward solve diverged.
+    Returns the cotangents ``(y0, theta, z, zT, weights)`` (the last as
+    :class:`~pymc_pnode.chkrebtii.structure.Weights`); all zero if the forward solve diverged.
     """
-    nn = grid.shape[0]
-    d = y0.shape[0]
-    k = theta.shape[0]
-    nf = forcing.shape[1]
-    nl = d if lag_mode != LAG_NONE else 0
-    naug = k + nl + nf
-    nt = hh.shape[1]
-    h = (grid[nn - 1] - grid[0]) / (nn - 1)
-    tau = theta[tau_index] if tau_index >= 0 else tau_fixed
-    y0w = y0.copy()
-    thw = theta.copy()
+    wv, cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing = setting
+    lb, ginf, gn, sd, hh, lt = weights
+    y0, theta, z, zt = innovations
+    (nn, d, k, nl, naug, nt), h, tau, y0w, thw = _prologue(setting, weights, innovations)
     y0b = np.zeros(d)
     thb = np.zeros(k)
     zb = np.zeros(z.shape)
@@ -186,11 +208,9 @@ def backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, y0, theta, z, zt, lb, gi
     sdb = np.zeros(sd.shape)
     hhb = np.zeros(hh.shape)
     ltb = np.zeros(lt.shape)
-    _, _, u, e, paug, status = forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, y0, theta, z, zt,
-                                       lb, ginf, gn, sd, hh, lt, wv, cmap, grid, draw, lag_mode,
-                                       tau_index, tau_fixed, forcing)
+    _, _, u, e, paug, status = forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights, innovations)
     if status != 0:
-        return y0b, thb, zb, ztb, lbb, ginfb, gnb, sdb, hhb, ltb
+        return y0b, thb, zb, ztb, Weights(lbb, ginfb, gnb, sdb, hhb, ltb)
     mb = np.zeros((nn, d))
     for n in range(nn):
         for i in range(d):
@@ -289,4 +309,4 @@ def backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, y0, theta, z, zt, lb, gi
             for o in range(1, min(w, n) + 1):
                 eb[n - o, i] += gn[c, n, o - 1] * g
                 gnb[c, n, o - 1] += g * e[n - o, i]
-    return y0b, thb, zb, ztb, lbb, ginfb, gnb, sdb, hhb, ltb
+    return y0b, thb, zb, ztb, Weights(lbb, ginfb, gnb, sdb, hhb, ltb)

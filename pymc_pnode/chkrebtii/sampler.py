@@ -10,8 +10,8 @@ import numpy as np
 from pymc_pnode._jit import readonly
 from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.problem import discretisation, field_spec, positive_parameter
-from pymc_pnode.chkrebtii.recursion import forward
-from pymc_pnode.chkrebtii.structure import covariance_structure
+from pymc_pnode.chkrebtii.recursion import Innovations, forward
+from pymc_pnode.chkrebtii.structure import Weights, covariance_structure
 from pymc_pnode.ode import ODE
 
 __all__ = ["chkrebtii_sample"]
@@ -105,25 +105,22 @@ def chkrebtii_sample(
     rng = np.random.default_rng(rng)
     grid = disc.grid
     spec = field_spec(ode, grid)
-    st = covariance_structure(disc.n_grid, disc.span, disc.times_rel, lam, disc.kernel_code,
-                              disc.noise_code, disc.jitter)
+    st = covariance_structure(disc, lam)
     cmap = np.zeros(d, np.int64) if lam.size == 1 else np.arange(d, dtype=np.int64)
     scale = np.broadcast_to(1.0 / np.sqrt(alpha), (d,))
-    sd = np.ascontiguousarray(st.sd[cmap] * scale[:, None])
-    lt = np.ascontiguousarray(st.lt[cmap] * scale[:, None, None])
+    # Per-state step-ahead and final standard deviations scale as alpha^{-1/2} (Chkrebtii et al., 2016, Alg. 1).
+    weights = Weights(*(readonly(a) for a in st.weights._replace(sd=st.weights.sd[cmap] * scale[:, None],
+                                                                  lt=st.weights.lt[cmap] * scale[:, None, None])))
+    setting = spec.setting(st.w, cmap, grid, True)
     nt = len(disc.times)
     draws = np.empty((int(size), nt, d))
     means = np.empty((int(size), nt, d))
-    fixed_in = (readonly(y0), readonly(theta))
-    struct_in = (readonly(st.lb), readonly(st.ginf), readonly(st.gn), readonly(sd), readonly(st.hh),
-                 readonly(lt), readonly(st.w, np.int64), readonly(cmap, np.int64), readonly(grid))
-    lag_in = (spec.lag_mode, spec.tau_index, spec.tau_fixed, readonly(spec.forcing))
     failed = 0
     for b in range(int(size)):
         z = rng.standard_normal((disc.n_grid - 1, d))
         zt = rng.standard_normal((nt, d))
-        out, outm, _, _, _, status = forward(*spec.kernel_args(), *fixed_in, readonly(z),
-                                             readonly(zt), *struct_in, True, *lag_in)
+        innovations = Innovations(readonly(y0), readonly(theta), readonly(z), readonly(zt))
+        out, outm, _, _, _, status = forward.entry_point(*spec.functions, setting, weights, innovations)
         if status != 0:
             failed += 1
             out = outm = np.full((nt, d), np.nan)

@@ -22,17 +22,19 @@ exact ``lam``-gradient of the PyMC layer.
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
 
-from pymc_pnode._jit import JIT
+from pymc_pnode._jit import JIT, compile_on_first_use
 from pymc_pnode.chkrebtii.kernels import UNIFORM, kc, kt, kx, kx_far
 
 __all__ = [
     "NOISE_RULES",
     "Structure",
+    "Weights",
     "component_structure",
     "covariance_structure",
     "noise_code",
@@ -44,6 +46,14 @@ CODE = 1
 ZERO = 2
 NOISE_RULES = {"paper": PAPER, "code": CODE, "zero": ZERO}
 
+Weights = namedtuple("Weights", ["lb", "ginf", "gn", "sd", "hh", "lt"])
+Weights.__doc__ = """The covariance structure's arrays (or their tangents, or cotangents), as the recursion takes them.
+
+``lb[n, o] = L[n, n - o]`` (``o = 0..w``) the banded Cholesky factor, ``ginf[k]`` the far weights,
+``gn[n, o - 1] = G(s_n, n - o)`` the near step-ahead weights, ``sd[n]`` the step-ahead standard deviation
+``sqrt(C^{n-1}(s_n, s_n))``, ``hh[i, k] = G(t_i, k)`` the weights of the final conditional mean and ``lt``
+the lower Cholesky factor of ``C^N(t, t) + nugget`` (per component: one leading axis more when stacked).
+"""
 
 
 def noise_code(noise: str) -> int:
@@ -125,11 +135,8 @@ def component_structure(n_grid, span, times, lam, kind, noise, jitter, tangent):
     Returns
     -------
     tuple
-        ``(Lb, Ginf, Gn, sd, H, LT, w)`` and, in the same order, the tangents of the first six:
-        ``Lb[n, o] = L[n, n - o]`` (``o = 0..w``), ``Ginf[k]`` the far weights, ``Gn[n, o - 1] =
-        G(s_n, n - o)`` the near step-ahead weights, ``sd[n]`` the step-ahead standard deviation
-        ``sqrt(C^{n-1}(s_n, s_n))``, ``H[i, k] = G(t_i, k)`` the weights of the final conditional mean
-        and ``LT`` the lower Cholesky factor of ``C^N(t, t) + nugget``.
+        ``(weights, w, tangents)``: the :class:`Weights`, the half-bandwidth ``w`` and the ``Weights``
+        of the ``lam``-tangents (empty arrays unless ``tangent``).
     """
     nn = n_grid
     # Compile-time specialisation: without tangents the derivative branches vanish from the loops.
@@ -283,19 +290,19 @@ def component_structure(n_grid, span, times, lam, kind, noise, jitter, tangent):
         if tg:
             dcn[i, i] += jitter * dcmax
     lt, dlt = _clipped_cholesky(cn, dcn, tg)
-    return lb, ginf, gn, sd, hh, lt, w, dlb, dginf, dgn, dsd, dhh, dlt
+    return Weights(lb, ginf, gn, sd, hh, lt), w, Weights(dlb, dginf, dgn, dsd, dhh, dlt)
 
 
 _RO1 = nb.types.Array(nb.float64, 1, "C", readonly=True)
 
 
-@nb.njit((nb.int64, nb.float64, _RO1, _RO1, nb.int64, nb.int64, nb.float64, nb.boolean), **JIT)
+@compile_on_first_use((nb.int64, nb.float64, _RO1, _RO1, nb.int64, nb.int64, nb.float64, nb.boolean), **JIT)
 def stacked_structure(n_grid, span, times, lam, kind, noise, jitter, tangent):
     """:func:`component_structure` of every component ``c`` (length-scale ``lam[c]``), padded to the
-    largest bandwidth ``W``: ``(lb, ginf, gn, sd, hh, lt, w)`` of shapes ``(C, N, W + 1)``, ``(C, N)``,
-    ``(C, N, W)``, ``(C, N)``, ``(C, T, N)``, ``(C, T, T)``, ``(C,)``, then the six tangents (empty
-    arrays unless ``tangent``). Non-finite or non-positive ``lam`` gives NaN arrays with ``W = 0``,
-    which the recursion reports as a diverged solve.
+    largest bandwidth ``W``: ``(weights, w, tangents)`` with :class:`Weights` of shapes ``(C, N, W + 1)``,
+    ``(C, N)``, ``(C, N, W)``, ``(C, N)``, ``(C, T, N)``, ``(C, T, T)``, the bandwidths ``w`` ``(C,)`` and the
+    tangents' ``Weights`` (empty arrays unless ``tangent``). Non-finite or non-positive ``lam`` gives NaN arrays
+    with ``W = 0``, which the recursion reports as a diverged solve.
     """
     nc = lam.shape[0]
     nn = n_grid
@@ -306,48 +313,38 @@ def stacked_structure(n_grid, span, times, lam, kind, noise, jitter, tangent):
             ok = False
     ntg = nc if tangent else 0
     if not ok:
-        nan = math.nan
-        return (np.full((nc, nn, 1), nan), np.full((nc, nn), nan), np.full((nc, nn, 0), nan),
-                np.full((nc, nn), nan), np.full((nc, nt, nn), nan), np.full((nc, nt, nt), nan),
-                np.zeros(nc, np.int64), np.zeros((ntg, nn, 1)), np.zeros((ntg, nn)),
-                np.zeros((ntg, nn, 0)), np.zeros((ntg, nn)), np.zeros((ntg, nt, nn)),
-                np.zeros((ntg, nt, nt)))
+        return _filled(nc, nn, nt, 0, math.nan), np.zeros(nc, np.int64), _filled(ntg, nn, nt, 0, 0.0)
     ws = np.zeros(nc, np.int64)
     for c in range(nc):
         ws[c] = _bandwidth(nn, span, lam[c], kind)
-    width = ws.max()
-    lb = np.zeros((nc, nn, width + 1))
-    ginf = np.zeros((nc, nn))
-    gn = np.zeros((nc, nn, width))
-    sd = np.zeros((nc, nn))
-    hh = np.zeros((nc, nt, nn))
-    lt = np.zeros((nc, nt, nt))
-    dlb = np.zeros((ntg, nn, width + 1))
-    dginf = np.zeros((ntg, nn))
-    dgn = np.zeros((ntg, nn, width))
-    dsd = np.zeros((ntg, nn))
-    dhh = np.zeros((ntg, nt, nn))
-    dlt = np.zeros((ntg, nt, nt))
+    values, tangents = _filled(nc, nn, nt, ws.max(), 0.0), _filled(ntg, nn, nt, ws.max(), 0.0)
     for c in range(nc):
         if tangent:
-            r = component_structure(nn, span, times, lam[c], kind, noise, jitter, True)
+            v, w, t = component_structure(nn, span, times, lam[c], kind, noise, jitter, True)
+            _place(tangents, c, t, w)
         else:
-            r = component_structure(nn, span, times, lam[c], kind, noise, jitter, False)
-        w = r[6]
-        lb[c, :, : w + 1] = r[0]
-        ginf[c] = r[1]
-        gn[c, :, :w] = r[2]
-        sd[c] = r[3]
-        hh[c] = r[4]
-        lt[c] = r[5]
-        if tangent:
-            dlb[c, :, : w + 1] = r[7]
-            dginf[c] = r[8]
-            dgn[c, :, :w] = r[9]
-            dsd[c] = r[10]
-            dhh[c] = r[11]
-            dlt[c] = r[12]
-    return lb, ginf, gn, sd, hh, lt, ws, dlb, dginf, dgn, dsd, dhh, dlt
+            v, w, _ = component_structure(nn, span, times, lam[c], kind, noise, jitter, False)
+        _place(values, c, v, w)
+    return values, ws, tangents
+
+
+@nb.njit(**JIT)
+def _filled(n_comp, nn, nt, width, value):
+    """Stacked :class:`Weights` of ``n_comp`` components (grid ``nn``, ``nt`` outputs, padded to ``width``)."""
+    return Weights(np.full((n_comp, nn, width + 1), value), np.full((n_comp, nn), value),
+                   np.full((n_comp, nn, width), value), np.full((n_comp, nn), value),
+                   np.full((n_comp, nt, nn), value), np.full((n_comp, nt, nt), value))
+
+
+@nb.njit(**JIT)
+def _place(stacked, c, component, w):
+    """Copy one component's weights (half-bandwidth ``w``) into slot ``c`` of the padded stacked arrays."""
+    stacked.lb[c, :, : w + 1] = component.lb
+    stacked.ginf[c] = component.ginf
+    stacked.gn[c, :, :w] = component.gn
+    stacked.sd[c] = component.sd
+    stacked.hh[c] = component.hh
+    stacked.lt[c] = component.lt
 
 
 @dataclass
@@ -356,43 +353,25 @@ class Structure:
 
     Attributes
     ----------
-    lb, ginf, gn, sd, hh, lt : numpy.ndarray
+    weights : Weights
         Stacked per-component arrays of :func:`component_structure`, shapes ``(C, N, W + 1)``,
         ``(C, N)``, ``(C, N, W)``, ``(C, N)``, ``(C, T, N)``, ``(C, T, T)``.
     w : numpy.ndarray
         Bandwidth of each component (int64, ``(C,)``).
-    tangents : tuple of numpy.ndarray or None
-        ``lam``-derivatives of ``(lb, ginf, gn, sd, hh, lt)`` (component ``c`` w.r.t. ``lam[c]``).
+    tangents : Weights or None
+        ``lam``-derivatives of the weights (component ``c`` with respect to ``lam[c]``).
     """
 
-    lb: np.ndarray
-    ginf: np.ndarray
-    gn: np.ndarray
-    sd: np.ndarray
-    hh: np.ndarray
-    lt: np.ndarray
+    weights: Weights
     w: np.ndarray
-    tangents: tuple | None = None
-
-    def arrays(self) -> tuple:
-        """The value arrays in the order the recursion kernel takes them."""
-        return self.lb, self.ginf, self.gn, self.sd, self.hh, self.lt, self.w
+    tangents: Weights | None = None
 
 
-def covariance_structure(
-    n_grid: int,
-    span: float,
-    times: np.ndarray,
-    lam: np.ndarray,
-    kind: int,
-    noise: int,
-    jitter: float,
-    tangent: bool = False,
-) -> Structure:
-    """:func:`stacked_structure` as a :class:`Structure` (NaN arrays for invalid ``lam``)."""
+def covariance_structure(disc, lam: np.ndarray, tangent: bool = False) -> Structure:
+    """:func:`stacked_structure` of a :class:`~pymc_pnode.chkrebtii.problem.Discretisation` as a
+    :class:`Structure` (NaN arrays for invalid ``lam``)."""
+    nn, span, times, kind, noise, jitter = disc.structure_arguments()
     lam = np.ascontiguousarray(np.atleast_1d(lam), dtype=np.float64).view()
-    times = np.ascontiguousarray(times, dtype=np.float64).view()
-    lam.flags.writeable = times.flags.writeable = False  # views matching the read-only signature
-    r = stacked_structure(int(n_grid), float(span), times, lam, int(kind), int(noise), float(jitter),
-                          bool(tangent))
-    return Structure(*r[:7], tangents=tuple(r[7:]) if tangent else None)
+    lam.flags.writeable = False  # a view matching the read-only signature
+    weights, w, tangents = stacked_structure(nn, span, times, lam, kind, noise, jitter, bool(tangent))
+    return Structure(weights, w, tangents if tangent else None)

@@ -23,7 +23,7 @@ import numba as nb
 import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
-from pymc_pnode._jit import JIT
+from pymc_pnode._jit import JIT, compile_on_first_use
 from pymc_pnode.classical.rk import RKField, Tableau, rk_adjoint_work, rk_step_adjoint
 from pymc_pnode.filtering.linalg import all_finite
 from pymc_pnode.filtering.stepping import (
@@ -59,7 +59,7 @@ _W1 = nb.float64[::1]
 _FORWARD_SIG = (VEC_FN, _W1, _R1, nb.float64, _R1, nb.float64, nb.float64, nb.int64)
 
 
-@nb.njit(_FORWARD_SIG, **JIT)
+@compile_on_first_use(_FORWARD_SIG, **JIT)
 def dopri_forward(rhs, p, y0, t0, times, rtol, atol, max_steps):
     """Solve from ``t0`` through every time of ``times`` with error-controlled DOPRI5 steps.
 
@@ -143,7 +143,7 @@ def dopri_forward(rhs, p, y0, t0, times, rtol, atol, max_steps):
 _BACKWARD_SIG = (VEC_FN, MAT_FN, MAT_FN, _W1, _R1, _R2, _R1, _R2)
 
 
-@nb.njit(_BACKWARD_SIG, **JIT)
+@compile_on_first_use(_BACKWARD_SIG, **JIT)
 def dopri_backward(rhs, jac_y, jac_p, p, ts, traj, times, g_obs):
     """Discrete adjoint on the grid ``ts`` of :func:`dopri_forward`: ``(dL/dy0, dL/dp)`` for ``g_obs = dL/dys``.
 

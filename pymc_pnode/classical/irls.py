@@ -398,14 +398,19 @@ def run_irls(problem: WeightedLSProblem, z_start: np.ndarray, n_iter: int, tol: 
         hist.lbfgs_messages.append(str(res.message))
         success = bool(res.success)
 
-    if n_iter == 0:
-        w = problem.fixed_weights()
+    def fit(w, z):
+        """Minimise the weighted RSS from ``z`` and record the fit; the minimiser and its objective."""
         z, _, res = problem.minimize_rss(w, z)
         record(res)
         g = problem.objective(z, w)
         hist.objective.append(g)
         hist.params.append(z[problem.free].copy())
         hist.weights.append(w)
+        return z, g
+
+    if n_iter == 0:
+        w = problem.fixed_weights()
+        z, g = fit(w, z)
         return z, w, g, hist, success
 
     w = None
@@ -416,12 +421,7 @@ def run_irls(problem: WeightedLSProblem, z_start: np.ndarray, n_iter: int, tol: 
             raise ValueError("the numerical solution diverges at the initial guess")
         w = w_new
         hist.objective_after_weights.append(problem.objective(z, w))
-        z, _, res = problem.minimize_rss(w, z)
-        record(res)
-        g_new = problem.objective(z, w)
-        hist.objective.append(g_new)
-        hist.params.append(z[problem.free].copy())
-        hist.weights.append(w)
+        z, g_new = fit(w, z)
         done = tol is not None and g - g_new <= tol * max(1.0, abs(g_new))
         g = g_new
         if done:

@@ -39,7 +39,7 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from pymc_pnode._codegen import MAT_FN, VEC_FN
-from pymc_pnode._jit import JIT, readonly
+from pymc_pnode._jit import JIT, compile_on_first_use, readonly
 from pymc_pnode.filtering.linalg import all_finite
 from pymc_pnode.validation import as_positive_float, validate_times
 
@@ -228,7 +228,7 @@ _TABLEAU_T = nb.types.NamedTuple([_R2, _R1, _R1], Tableau)
 _FORWARD_SIG = (VEC_FN, _W1, _R1, _GRID_T, nb.int64, _TABLEAU_T)
 
 
-@nb.njit(_FORWARD_SIG, **JIT)
+@compile_on_first_use(_FORWARD_SIG, **JIT)
 def rk_forward(rhs, p, y0, grid, scheme, tableau):
     """March from ``grid.t0`` through ``grid.times`` with ``nsub[k]`` steps of size ``hsub[k]`` per gap.
 
@@ -287,7 +287,7 @@ def rk_forward(rhs, p, y0, grid, scheme, tableau):
 _BACKWARD_SIG = (VEC_FN, MAT_FN, MAT_FN, _W1, _R2, _GRID_T, nb.int64, _TABLEAU_T, _R2)
 
 
-@nb.njit(_BACKWARD_SIG, **JIT)
+@compile_on_first_use(_BACKWARD_SIG, **JIT)
 def rk_backward(rhs, jac_y, jac_p, p, traj, grid, scheme, tableau, g_obs):
     """Discrete adjoint: ``(dL/dy0, dL/dp)`` given ``g_obs = dL/dys`` (``(K, d)``).
 

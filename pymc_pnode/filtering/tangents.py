@@ -20,6 +20,8 @@ tangents are carried as matrices (no square root is differentiated), as in the F
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numba as nb
 import numpy as np
 
@@ -27,33 +29,37 @@ from pymc_pnode._codegen import MAT_FN, TEN_FN, VEC_FN
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use
 from pymc_pnode.filtering.prior import preconditioner, transition_coefficients
 
-__all__ = ["filter_tangents"]
+__all__ = ["StoredRun", "filter_tangents"]
 
 _R1 = nb.types.Array(nb.float64, 1, "C", readonly=True)
 _R2 = nb.types.Array(nb.float64, 2, "C", readonly=True)
 _R3 = nb.types.Array(nb.float64, 3, "C", readonly=True)
 _RI1 = nb.types.Array(nb.int64, 1, "C", readonly=True)
 
-_TANGENTS_SIG = (
-    VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, nb.float64[::1], _R1, _R2, _R3, _R1, _R2, nb.int64, nb.int64,
-    _R2, nb.boolean, _RI1,
-)
+StoredRun = namedtuple("StoredRun", ["grid", "mu", "r", "kappa", "out_index"])
+StoredRun.__doc__ = """A filter run as :func:`filter_tangents` reads it (read-only arrays): the grid (``N + 1``), means
+``(N + 1, D)``, upper roots ``r`` (``Σ_n = r_nᵀ r_n``), the diffusion ``kappa[n]`` of the step that ended at
+``grid[n]``, and the indices of the steps whose marginals are reported."""
+_STORED_RUN_T = nb.types.NamedTuple([_R1, _R2, _R3, _R1, _RI1], StoredRun)
+_TANGENTS_SIG = (VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, nb.float64[::1], _STORED_RUN_T, _R2, _R2, nb.boolean)
 
 
 @compile_on_first_use(_TANGENTS_SIG, **INLINE_JIT)
-def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, ts, mus, rs, kappas, dmu0, q, d, rq, ek1, out_index):
-    """Tangents of the filter means and covariances at the steps ``out_index`` of a stored run.
+def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, dmu0, rq, ek1):
+    """Tangents of the filter means and covariances at the steps ``run.out_index`` of a stored run.
 
-    Parameters: the vector field and its first and second derivatives; the parameters ``p``; the run's
-    grid ``ts`` (``N + 1``), means ``mus`` (``(N + 1, D)``), upper roots ``rs`` (``Σ_n = r_nᵀ r_n``) and the
-    diffusion ``kappas[n]`` of the step that ended at ``ts[n]``; ``dmu0`` (``(D, P)``) the tangent of the
-    initial mean; the IWP order ``q``, states ``d`` and root ``rq`` of ``Q̄``; EK1 or EK0.
+    Parameters: the vector field and its first and second derivatives; the parameters ``p``; the
+    :class:`StoredRun`; ``dmu0`` (``(D, P)``) the tangent of the initial mean; the root ``rq`` of ``Q̄``
+    (``(q + 1, q + 1)``: it sets the IWP order ``q``, and ``D = (q + 1) d`` the number of states); EK1 or EK0.
 
     Returns ``(dmean, dvar, dstat)``: the tangents of ``E0 μ`` (``(K, d, P)``) and of the variances
     ``diag(E0 Σ E0ᵀ)`` (``(K, d, P)``) at the output steps, and the tangent (``(P,)``) of the calibration
     statistic ``Σ_n ẑᵀ S⁻¹ ẑ`` (its value is the run's own ``stat_sum``).
     """
-    dd = (q + 1) * d
+    ts, mus, rs, kappas, out_index = run
+    q = rq.shape[0] - 1
+    dd = mus.shape[1]
+    d = dd // (q + 1)
     n_dir = dmu0.shape[1]
     n_out = out_index.shape[0]
     dmean = np.zeros((n_out, d, n_dir))

@@ -100,6 +100,9 @@ def linearise_adjoint(
 ) -> None:
     """Adjoint of :func:`linearise` through ``H = E1 − L E0`` and ``c = −f(ξ) + L ξ`` (so that ``r = H μ⁻ + c = ẑ``).
 
+    Eleven parameters, one over the rule, for ``d``: an explicit size stays a compile-time constant in the
+    kernels compiled per ``(q, d)`` (``docs/architecture.md``), which ``xi.shape[0]`` would not be.
+
     ``cot.rbar`` is the adjoint of ``c``, ``cot.hbar`` of ``H``; ``cot.zbar`` and ``cot.jbar`` those of ``ẑ``
     and ``L`` through the local diffusion. Adds the adjoints of ``μ⁻`` (through ``ξ`` and ``E1 μ⁻``) to
     ``mbar_pred`` and those of ``θ`` to ``grad_theta``. EK1's ``L = J(ξ)`` brings the second derivatives;

@@ -4,18 +4,7 @@ The implementation lives in the :mod:`pymc_pnode.chkrebtii` subpackage, one conc
 this module keeps the ``likelihoods`` layout of the design brief.
 """
 
-from pymc_pnode.chkrebtii import (
-    ChkrebtiiMetropolis,
-    ChkrebtiiReplicaMove,
-    ChkrebtiiSolution,
-    DelayODE,
-    chkrebtii_sample,
-)
+from pymc_pnode import chkrebtii as _chkrebtii
+from pymc_pnode.chkrebtii import *  # noqa: F403 - the subpackage's public names, listed once there
 
-__all__ = [
-    "ChkrebtiiMetropolis",
-    "ChkrebtiiReplicaMove",
-    "ChkrebtiiSolution",
-    "DelayODE",
-    "chkrebtii_sample",
-]
+__all__ = list(_chkrebtii.__all__)
