@@ -238,8 +238,9 @@ def _register_numba() -> None:
         return op.spec.functions, op.setting
 
     @nb.njit(inline="always")
-    def arguments(fixed, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w):
-        """The recursion's bundles inside the compiled graph (its arrays typed read-only)."""
+    def arguments(fixed, inputs):
+        """The recursion's bundles from the Op's inputs inside the compiled graph (its arrays typed read-only)."""
+        y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w = inputs
         _, cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing = fixed
         setting = Setting(as_readonly(np.ascontiguousarray(w)), cmap, grid, draw, lag_mode, tau_index, tau_fixed,
                           forcing)
@@ -255,7 +256,7 @@ def _register_numba() -> None:
 
         @numba_njit
         def chkrebtii_recursion(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w):  # the Op's inputs
-            setting, weights, innovations = arguments(fixed, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w)
+            setting, weights, innovations = arguments(fixed, (y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w))
             out, _, _, _, _, status = forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights,
                                               innovations)
             return out, np.asarray(1.0 if status != 0 else 0.0)
@@ -268,7 +269,7 @@ def _register_numba() -> None:
 
         @numba_njit
         def chkrebtii_recursion_grad(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w, ubar):  # the Op's inputs
-            setting, weights, innovations = arguments(fixed, y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w)
+            setting, weights, innovations = arguments(fixed, (y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w))
             y0b, thb, zb, ztb, wb = backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights,
                                             innovations, as_readonly(np.ascontiguousarray(ubar)))
             return y0b, thb, zb, ztb, wb.lb, wb.ginf, wb.gn, wb.sd, wb.hh, wb.lt

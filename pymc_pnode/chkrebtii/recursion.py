@@ -56,8 +56,8 @@ innovations ``z`` ``(N - 1, d)`` of the step-ahead draws and ``zt`` ``(T, d)`` o
 
 
 def _bundle_type(bundle, *arrays):
-    """numba type of ``bundle`` holding read-only versions of the example values (unequal types: a
-    heterogeneous named tuple; ``nb.types.NamedTuple`` would mistype an all-equal bundle)."""
+    """numba type of ``bundle`` built from the example values, arrays made read-only (``nb.typeof`` picks the
+    uniform or the heterogeneous named-tuple type, which a hand-written ``nb.types.NamedTuple`` would not)."""
     return nb.typeof(bundle(*(readonly(a, np.asarray(a).dtype) if isinstance(a, np.ndarray) else a
                               for a in arrays)))
 
