@@ -1,16 +1,18 @@
-"""The ODE filter's mean and standard deviation at given times as differentiable PyTensor tensors.
+"""The ODE filter's mean and standard deviation at given times (and their covariance across times) as
+differentiable PyTensor tensors.
 
 :func:`probabilistic_solution` lets any PyMC likelihood use the numerical uncertainty of an ODE filter
 (e.g. a lognormal or Gaussian observation variance inflated by the solver's variance). Values are those of
-:func:`pymc_pnode.solve` with ``smooth=False`` at the same settings; gradients with respect to ``y0`` and
-``theta`` are exact for the grid each solve chose (forward-mode tangents,
-:func:`pymc_pnode.filtering.tangents.filter_tangents`), including the dependence of the calibrated
+:func:`pymc_pnode.solve` at the same settings; gradients with respect to ``y0`` and ``theta`` are exact for
+the grid each solve chose (forward-mode tangents, :func:`pymc_pnode.filtering.tangents.filter_tangents` and
+:func:`~pymc_pnode.filtering.tangents.smoothing_tangents`), including the dependence of the calibrated
 diffusion on the parameters.
 """
 
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import dataclass
 
 import numba as nb
@@ -22,13 +24,20 @@ from pytensor.graph.op import Op
 
 from pymc_pnode._jit import readonly, register_object_mode
 from pymc_pnode.differential_equation import flag_failed_solve
-from pymc_pnode.filtering.tangents import StoredRun, filter_tangents
+from pymc_pnode.filtering.tangents import StepTangents, filter_tangents, smoothing_tangents, stored_run
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
 from pymc_pnode.solve import ODEFilter, solve, validate_filter, validate_ode
 from pymc_pnode.validation import validate_times
 
 __all__ = ["PNSolutionProblem", "probabilistic_solution"]
+
+
+Evaluation = namedtuple("Evaluation", ["mean", "std", "cov", "jac_mean", "jac_std", "jac_cov", "log_ok"])
+Evaluation.__doc__ = """One evaluation of a :class:`PNSolutionProblem`: ``mean`` and ``std`` ``(T, d)``, the covariance
+across times ``cov`` (``(T d, T d)``, time-major; ``(0, 0)`` unless asked for), their Jacobians with respect to
+``(y0, theta)`` (trailing axis of length ``d + n_theta``) and ``log_ok`` (``[0]``, or ``[-inf]`` for a failed
+solve)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,57 +56,71 @@ class PNSolutionProblem:
     atol: float
     max_steps: int
     diffusion: float | None
+    smooth: bool = False
+    joint_cov: bool = False
 
     @property
     def n_directions(self) -> int:
         return self.ode.n_states + self.ode.n_theta
 
-    def evaluate(self, y0: np.ndarray, theta: np.ndarray):
-        """``(mean, std, jac_mean, jac_std, log_ok)``; the Jacobians are ``(T, d, d + n_theta)``.
+    @property
+    def n_cov(self) -> int:
+        """Side of the covariance across times (0 unless it is asked for)."""
+        return self.times.size * self.ode.n_states if self.joint_cov else 0
+
+    def evaluate(self, y0: np.ndarray, theta: np.ndarray) -> Evaluation:
+        """Values and Jacobians of one solve.
 
         A failed solve gives ``log_ok = [-inf]``, the last marginals it reached (the initial state if
-        none) in place of the missing ones and zero Jacobians.
+        none) in place of the missing ones, an identity covariance across times and zero Jacobians.
         """
         ode, q, d = self.ode, self.solver.order, self.ode.n_states
-        n_out, n_dir = self.times.size, self.n_directions
+        n_out, n_dir, n_cov = self.times.size, self.n_directions, self.n_cov
         # writable copies of the right sizes (the generated functions take writable arrays)
         y0 = np.array(y0, dtype=np.float64).reshape(d)
         theta = np.array(theta, dtype=np.float64).reshape(ode.n_theta)
         sol = solve(ode, y0, theta, (ode.t0, float(self.times[-1])), solver=self.solver, step=self.step,
-                    rtol=self.rtol, atol=self.atol, save_at=self.times, smooth=False, max_steps=self.max_steps,
-                    diffusion="calibrated" if self.diffusion is None else self.diffusion)
-        mean, std = np.zeros((n_out, d)), np.zeros((n_out, d))
-        jac_mean, jac_std = np.zeros((n_out, d, n_dir)), np.zeros((n_out, d, n_dir))
+                    rtol=self.rtol, atol=self.atol, save_at=self.times, smooth=self.smooth,
+                    max_steps=self.max_steps, diffusion="calibrated" if self.diffusion is None else self.diffusion)
         if not sol.success:
+            mean, std = np.zeros((n_out, d)), np.zeros((n_out, d))
             reached = sol.mean.shape[0]
             mean[:reached], std[:reached] = sol.mean, sol.std
             mean[reached:] = sol.mean[-1] if reached else y0
             std[reached:] = sol.std[-1] if reached else 0.0
-            return mean, std, jac_mean, jac_std, np.array([-np.inf])
+            return Evaluation(mean, std, np.eye(n_cov), np.zeros((n_out, d, n_dir)), np.zeros((n_out, d, n_dir)),
+                              np.zeros((n_cov, n_cov, n_dir)), np.array([-np.inf]))
         taylor_jac = ode.taylor_functions(q)[1]
         dy, dp = np.empty((q + 1, d, d)), np.empty((q + 1, d, ode.n_theta))
         taylor_jac(y0, ode.t0, theta, dy, dp)
-        dmu0 = np.concatenate([dy, dp], axis=2).reshape((q + 1) * d, n_dir)
-        run = StoredRun(readonly(sol.run.grid), readonly(sol.run.mu), readonly(sol.run.r), readonly(sol.run.kappa),
-                        readonly(sol.out_index, np.int64))
+        run = stored_run(sol.run.grid, sol.run.mu, sol.run.r, sol.run.kappa, sol.out_index)
+        n_kept, dd = (run.grid.size if self.smooth else 1), run.mu.shape[1]
+        steps = StepTangents(np.zeros((n_kept, dd, n_dir)), np.zeros((n_kept, n_dir, dd, dd)))
+        steps.dmu[0] = np.concatenate([dy, dp], axis=2).reshape(dd, n_dir)
+        rq = readonly(self.solver.prior.Q_bar_sqrt)
         dmean, dvar, dstat = filter_tangents(  # (EK0 does not call the second derivatives)
-            ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, run, readonly(dmu0),
-            readonly(self.solver.prior.Q_bar_sqrt), self.solver.ek1,
+            ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, run, steps, rq, self.solver.ek1,
         )
-        mean, std = sol.mean, sol.std
-        var = std**2
+        cov, dcov = np.zeros((n_out, d, 0, d)), np.zeros((n_out, d, 0, d, n_dir))
+        if self.smooth:
+            dmean, dvar, cov, dcov = smoothing_tangents(run, sol.smoothed_run, steps, rq, self.joint_cov)
+        var = sol.std**2
         if self.diffusion is None:
-            # σ² = Σ ẑᵀS⁻¹ẑ / (N d) scales every covariance: d var = (d var)|σ² + var dσ²/σ².
-            dvar = dvar + var[:, :, None] * (dstat / (sol.stats["n_steps"] * d))[None, None, :]
-        positive = std > 0.0
-        jac_std[positive] = dvar[positive] / (2.0 * std[positive])[:, None]
-        return mean, std, dmean, jac_std, np.array([0.0])
+            # σ² = Σ ẑᵀS⁻¹ẑ / (N d) scales every covariance: dΣ = (dΣ)|σ² + Σ dσ²/σ² (dstat is dσ²/σ² · N d).
+            relative = dstat / (sol.stats["n_steps"] * d)
+            dvar = dvar + var[:, :, None] * relative
+            dcov = dcov + cov[..., None] * relative
+        jac_std = np.zeros((n_out, d, n_dir))
+        positive = sol.std > 0.0
+        jac_std[positive] = dvar[positive] / (2.0 * sol.std[positive])[:, None]
+        return Evaluation(sol.mean, sol.std, cov.reshape(n_cov, n_cov), dmean, jac_std,
+                          dcov.reshape(n_cov, n_cov, n_dir), np.array([0.0]))
 
 
 class PNSolutionOp(Op):
-    """``(y0, theta) -> (mean, std, jac_mean, jac_std, log_ok)`` of a :class:`PNSolutionProblem`.
+    """``(y0, theta) -> Evaluation`` of a :class:`PNSolutionProblem` (seven outputs).
 
-    The gradient contracts the cotangents of ``mean`` and ``std`` with the Jacobians (forward-mode
+    The gradient contracts the cotangents of ``mean``, ``std`` and ``cov`` with their Jacobians (forward-mode
     tangents computed with the values); the Jacobian outputs themselves are not differentiable.
     """
 
@@ -108,9 +131,10 @@ class PNSolutionOp(Op):
 
     def make_node(self, y0, theta):
         n_out, d, n_dir = self.problem.times.size, self.problem.ode.n_states, self.problem.n_directions
-        outputs = [pt.tensor(dtype="float64", shape=(n_out, d)), pt.tensor(dtype="float64", shape=(n_out, d)),
-                   pt.tensor(dtype="float64", shape=(n_out, d, n_dir)),
-                   pt.tensor(dtype="float64", shape=(n_out, d, n_dir)), pt.tensor(dtype="float64", shape=(1,))]
+        n_cov = self.problem.n_cov
+        shapes = [(n_out, d), (n_out, d), (n_cov, n_cov), (n_out, d, n_dir), (n_out, d, n_dir), (n_cov, n_cov, n_dir),
+                  (1,)]
+        outputs = [pt.tensor(dtype="float64", shape=shape) for shape in shapes]
         return Apply(self, [pt.as_tensor_variable(y0), pt.as_tensor_variable(theta)], outputs)
 
     def perform(self, node, inputs, output_storage):
@@ -118,11 +142,11 @@ class PNSolutionOp(Op):
             storage[0] = value
 
     def connection_pattern(self, node):
-        return [[True, True, False, False, False], [True, True, False, False, False]]
+        return [[True, True, True, False, False, False, False]] * 2
 
     def L_op(self, inputs, outputs, output_grads):
         total = pt.zeros(self.problem.n_directions)
-        for g, jac in zip(output_grads[:2], outputs[2:4]):
+        for g, jac in zip(output_grads[:3], outputs[3:6]):
             if not isinstance(g.type, DisconnectedType):
                 total = total + pt.tensordot(g, jac, axes=[[0, 1], [0, 1]])
         d = self.problem.ode.n_states
@@ -141,8 +165,8 @@ def _pn_solution_run(op):
 # Under nutpie / mode="NUMBA" the solve runs in object mode.
 register_object_mode(
     PNSolutionOp,
-    nb.types.Tuple((nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[:, :, ::1], nb.float64[:, :, ::1],
-                    nb.float64[::1])),
+    nb.types.Tuple((nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[:, :, ::1],
+                    nb.float64[:, :, ::1], nb.float64[:, :, ::1], nb.float64[::1])),
     _pn_solution_run,
 )
 
@@ -159,20 +183,27 @@ def probabilistic_solution(
     atol: float = 1e-9,
     max_steps: int = 100_000,
     diffusion: float | None = None,
+    smooth: bool = False,
+    joint_cov: bool = False,
     name: str = "pn_solution",
-) -> tuple[pt.TensorVariable, pt.TensorVariable]:
-    r"""The ODE filter's marginal mean and standard deviation of ``y(t)`` at ``times``, as tensors.
+) -> tuple[pt.TensorVariable, ...]:
+    r"""The ODE filter's mean and standard deviation of ``y(t)`` at ``times`` (and their covariance across
+    times), as tensors.
 
-    The same numbers as ``pn.solve(ode, y0, theta, (ode.t0, times[-1]), save_at=times, smooth=False, ...)``
-    (``.mean`` and ``.std``): the filtering marginals of an EK0/EK1 ODE filter (Tronarp et al., 2019) at
-    the output times, with the diffusion calibrated by quasi-maximum likelihood over the solve (Bosch,
-    Hennig & Tronarp, 2021) unless fixed. Gradients with respect to ``y0`` and ``theta`` are exact for
-    the grid the solve chose and include the calibrated diffusion's dependence on them.
+    The same numbers as ``pn.solve(ode, y0, theta, (ode.t0, times[-1]), save_at=times, smooth=smooth, ...)``
+    (``.mean``, ``.std`` and ``.joint_cov()``): the marginals of an EK0/EK1 ODE filter (Tronarp et al., 2019)
+    at the output times — filtering marginals by default, the smoothing posterior (Rauch–Tung–Striebel through
+    the filter's backward kernels) with ``smooth=True`` — with the diffusion calibrated by quasi-maximum
+    likelihood over the solve (Bosch, Hennig & Tronarp, 2021) unless fixed. Gradients with respect to ``y0``
+    and ``theta`` are exact for the grid the solve chose and include the calibrated diffusion's dependence on
+    them (forward-mode tangents of the filter and, with ``smooth=True``, of the smoother).
 
     Use the standard deviation to account for the numerical error in any likelihood, e.g. with Gaussian
     noise ``y ~ N(mean, σ² + std²)``, or with lognormal noise ``log y ~ N(log mean, σ² + (std / mean)²)``
     (the delta method: the solver's error on the log scale has standard deviation ≈ ``std / mean``).
-    For count data use :func:`~pymc_pnode.ChkrebtiiSolution`, whose sampled solutions feed any likelihood.
+    The numerical errors at different times are correlated; ``joint_cov=True`` gives their covariance, for
+    a Gaussian likelihood ``y.ravel() ~ N(mean.ravel(), σ² I + cov)``. For count data use
+    :func:`~pymc_pnode.ChkrebtiiSolution`, whose sampled solutions feed any likelihood.
 
     Parameters
     ----------
@@ -188,6 +219,13 @@ def probabilistic_solution(
         As in :func:`pymc_pnode.solve`.
     diffusion : float, optional
         A fixed diffusion; default: calibrated per solve.
+    smooth : bool, default False
+        Report the smoothing posterior (conditioned on the whole solve) instead of the filtering marginals
+        (conditioned on the steps up to each time). The smoother's gradients store the filter's tangents at
+        every step: ``(N + 1) (d + n_theta) D²`` numbers for ``N`` steps and ``D = d (q + 1)``.
+    joint_cov : bool, default False
+        Also return the covariance of the solution across ``times`` (requires ``smooth=True``: the joint
+        distribution is the smoothing posterior's).
     name : str
         Prefix of the potential that flags failed solves inside a model (``"<name>_failed"``: ``-inf``
         when the solve fails, 0 otherwise); outside a model a failed solve gives NaN.
@@ -196,6 +234,9 @@ def probabilistic_solution(
     -------
     mean, std : TensorVariable
         Shape ``(len(times), n_states)`` each.
+    cov : TensorVariable
+        Only with ``joint_cov=True``: shape ``(len(times) * n_states,) * 2``, ordered as ``mean.ravel()``
+        (time-major): ``cov[a * d + i, b * d + j] = Cov(y_i(t_a), y_j(t_b))``.
     """
     ode = validate_ode(ode)
     solver = validate_filter(solver, user="pn.probabilistic_solution")
@@ -205,12 +246,17 @@ def probabilistic_solution(
     fixed = isinstance(diffusion, (int, float)) and not isinstance(diffusion, bool)
     if diffusion is not None and not (fixed and diffusion > 0 and math.isfinite(diffusion)):
         raise ValueError(f"diffusion must be a positive number or None (calibrated), got {diffusion!r}")
+    for flag, value in (("smooth", smooth), ("joint_cov", joint_cov)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{flag} must be True or False, got {value!r}")
+    if joint_cov and not smooth:
+        raise ValueError("joint_cov=True needs smooth=True: the covariance across times is the smoothing posterior's")
     control = StepControl(step, rtol, atol, max_steps)  # validates them now, naming the argument
     if step is not None and step > times[-1] - ode.t0:
         raise ValueError(f"step must not exceed the time span times[-1] - t0 = {times[-1] - ode.t0!r}, got {step!r}")
     problem = PNSolutionProblem(ode, times, solver, control.step, control.rtol, control.atol, int(control.max_steps),
-                                None if diffusion is None else float(diffusion))
+                                None if diffusion is None else float(diffusion), bool(smooth), bool(joint_cov))
     y0_t, theta_t = ode.y0_tensor(y0), ode.theta_tensor(theta)
-    mean, std, _, _, log_ok = PNSolutionOp(problem)(y0_t, theta_t)
-    mean, std = flag_failed_solve(name, log_ok, mean, std)
-    return mean, std
+    mean, std, cov, *_, log_ok = PNSolutionOp(problem)(y0_t, theta_t)
+    outputs = flag_failed_solve(name, log_ok, mean, std, cov)
+    return tuple(outputs) if joint_cov else tuple(outputs[:2])

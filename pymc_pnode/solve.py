@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from pymc_pnode._jit import readonly
 from pymc_pnode.filtering.calibration import global_kappa
 from pymc_pnode.filtering.odefilter import (
     DIFFUSION_FIXED,
@@ -30,6 +31,7 @@ from pymc_pnode.filtering.stepping import (
     initial_step_size,
 )
 from pymc_pnode.filtering.structure import DENSE, DIAGONAL, ISOTROPIC, STRUCTURES, initial_root
+from pymc_pnode.filtering.tangents import SmoothedRun, StepTangents, smoothing_tangents, stored_run
 from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
 from pymc_pnode.validation import as_positive_int, validate_step, validate_t_span, validate_times
@@ -250,6 +252,37 @@ class ProbabilisticSolution:
     @cached_property
     def std(self) -> np.ndarray:
         return np.sqrt(np.clip(np.einsum("nii->ni", self.cov), 0.0, None))
+
+    @property
+    def smoothed_run(self) -> SmoothedRun:
+        """The smoothing posterior at every grid point (dense solves): means ``(N, D)``, right roots ``(N, D, D)``."""
+        if self.run.r.ndim != 3:
+            raise ValueError("smoothed_run is defined for dense solves; structured ones have sample() and joint_cov()")
+        mus_s, rs_s, _ = self._smoothing[0]
+        return SmoothedRun(readonly(mus_s), readonly(rs_s))
+
+    def joint_cov(self) -> np.ndarray:
+        """Covariance of the solution across the output times, shape ``(T, d, T, d)``.
+
+        ``joint_cov()[a, :, b, :] = Cov(y(t_a), y(t_b))`` under the smoothing posterior, the joint Gauss–Markov
+        distribution of the solution that :meth:`sample` draws from (its diagonal blocks are :attr:`cov` of a
+        smoothed solve). Computed through the backward kernels, ``Cov(x_n, x_m) = G_{n+1} Cov(x_{n+1}, x_m)``.
+        """
+        d, n_out = self.ode.n_states, self.t.size
+        out = np.zeros((n_out, d, n_out, d))
+        if self.run.grid.size < 2:
+            return out
+        rq = self.solver.prior.Q_bar_sqrt
+        for (states, mus, rs), (mus_s, rs_s, _) in zip(self._groups, self._smoothing):
+            run = stored_run(self.run.grid, mus, rs, self.run.kappa, self.out_index)
+            no_directions = StepTangents(np.zeros((mus.shape[0], mus.shape[1], 0)),
+                                         np.zeros((mus.shape[0], 0, mus.shape[1], mus.shape[1])))
+            cov = smoothing_tangents(run, SmoothedRun(readonly(mus_s), readonly(rs_s)), no_directions, readonly(rq),
+                                     True)[2]
+            for i, state_i in enumerate(states):
+                for j, state_j in enumerate(states):
+                    out[:, state_i, :, state_j] = cov[:, i, :, j]
+        return out
 
     def sample(self, n: int = 1, rng=None) -> np.ndarray:
         """Joint samples of the solution trajectory at ``t``, shape ``(n, T, d)``.

@@ -1,5 +1,7 @@
 """pn.probabilistic_solution: the ODE filter's mean and standard deviation as differentiable tensors."""
 
+import math
+
 import numpy as np
 import pymc as pm
 import pytensor
@@ -61,6 +63,87 @@ def test_values_equal_solve_and_gradients_match_central_differences(lv_ode, kwar
         np.testing.assert_allclose(grad, fd, rtol=rtol, atol=rtol * np.abs(fd).max())
 
 
+@pytest.mark.parametrize("kwargs", SETTINGS, ids=["ek1-calibrated", "ek1-fixed-diffusion", "ek0", "ek1-adaptive"])
+def test_smoothed_values_equal_solve_and_gradients_match_central_differences(lv_ode, kwargs):
+    times = np.linspace(0.5, 6.0, 12)
+    rng = np.random.default_rng(3)
+    weights = rng.standard_normal((2, times.size, 2))
+    y0, theta = pt.dvector("y0"), pt.dvector("theta")
+    mean, std, cov = pn.probabilistic_solution(lv_ode, y0, theta, times, smooth=True, joint_cov=True, **kwargs)
+    solve_kwargs = {k: v for k, v in kwargs.items() if k != "diffusion"}
+    sol = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 6.0), save_at=times, smooth=True,
+                   diffusion=kwargs.get("diffusion", "calibrated"), **solve_kwargs)
+    joint = sol.joint_cov().reshape(cov.type.shape)
+    # the covariance across times, weighted to the size of the other terms. Fixed steps only for the
+    # uncertainties: under error control the differences' grids move with the parameters, and the smoothed
+    # covariances change with the steps (∝ h^(2q+1)) by more than their differentials on a fixed grid
+    fixed = "step" in kwargs
+    cov_weights = rng.standard_normal(joint.shape) / np.abs(joint).max() * fixed
+    objective = pt.sum(weights[0] * mean) + pt.sum(fixed * weights[1] * pt.log(std)) + pt.sum(cov_weights * cov)
+    values = pytensor.function([y0, theta], [mean, std, cov, *pt.grad(objective, [y0, theta])])
+    m, s, c, g_y0, g_theta = values(Y0_LV, THETA_LV)
+    np.testing.assert_array_equal(m, sol.mean)
+    np.testing.assert_array_equal(s, sol.std)
+    np.testing.assert_allclose(c, joint, rtol=1e-12, atol=1e-14 * np.abs(joint).max())
+    np.testing.assert_allclose(np.diag(c), s.ravel() ** 2, rtol=1e-9)
+    unsmoothed = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 6.0), save_at=times, smooth=False,
+                          diffusion=kwargs.get("diffusion", "calibrated"), **solve_kwargs)
+    assert np.all(s[:-1] < unsmoothed.std[:-1])  # the smoother conditions on later steps too
+    value = pytensor.function([y0, theta], objective)
+    if "step" in kwargs:
+        rtol, fds = 1e-6, central_differences(value, Y0_LV, THETA_LV)
+    else:
+        # error control: the differences' grids move with the parameters (rtol 1e-3) and, at some points,
+        # gain or lose steps; take each difference on a side where the number of steps is unchanged
+        rtol, fds = 1e-3, _same_grid_size_differences(value, lv_ode, times, solve_kwargs)
+    for grad, fd in zip((g_y0, g_theta), fds):
+        np.testing.assert_allclose(grad, fd, rtol=rtol, atol=rtol * np.abs(fd).max())
+
+
+def _same_grid_size_differences(value, ode, times, solve_kwargs, eps=1e-6):
+    """Central differences, or one-sided ones where a perturbation changes the solve's number of steps."""
+    def n_steps(y0, theta):
+        return pn.solve(ode, y0, theta, (0.0, times[-1]), save_at=times, **solve_kwargs).stats["n_steps"]
+
+    center, f0 = n_steps(Y0_LV, THETA_LV), value(Y0_LV, THETA_LV)
+    grads = []
+    for which, x in enumerate((Y0_LV, THETA_LV)):
+        grad = np.empty(x.size)
+        for i, e in enumerate(eps * np.eye(x.size)):
+            args_plus = (x + e, THETA_LV) if which == 0 else (Y0_LV, x + e)
+            args_minus = (x - e, THETA_LV) if which == 0 else (Y0_LV, x - e)
+            plus_ok, minus_ok = n_steps(*args_plus) == center, n_steps(*args_minus) == center
+            assert plus_ok or minus_ok
+            if plus_ok and minus_ok:
+                grad[i] = (value(*args_plus) - value(*args_minus)) / (2 * eps)
+            else:
+                grad[i] = (value(*args_plus) - f0) / eps if plus_ok else (f0 - value(*args_minus)) / eps
+        grads.append(grad)
+    return grads
+
+
+@pytest.mark.parametrize("kwargs", [dict(step=0.02, diffusion=0.5), dict(step=0.02), dict()],
+                         ids=["fixed-diffusion", "calibrated", "adaptive-calibrated"])
+def test_gaussian_likelihood_with_joint_covariance_is_the_fenrir_likelihood(lv_ode, kwargs):
+    """``y ~ N(mean, σ² I + cov)`` marginalises the data over the PN posterior, as Fenrir does with a backward
+    Kalman filter (Tronarp, Bosch & Hennig, 2022, eq. 15): values and gradients agree, on every grid."""
+    times, sigma = np.linspace(0.5, 6.0, 12), 0.05
+    data = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 6.0), save_at=times, step=0.01).mean
+    data = data + sigma * np.random.default_rng(4).standard_normal(data.shape)
+    y0, theta = pt.dvector("y0"), pt.dvector("theta")
+    mean, _, cov = pn.probabilistic_solution(lv_ode, y0, theta, times, smooth=True, joint_cov=True, **kwargs)
+    joint = pm.logp(pm.MvNormal.dist(mean.ravel(), cov + sigma**2 * np.eye(data.size)), data.ravel())
+    # adaptive: probabilistic_solution's tolerances, hence the same grid (fixed steps: Fenrir's own, for its guard)
+    fenrir_kwargs = dict(kwargs) if "step" in kwargs else dict(rtol=1e-6, atol=1e-9)
+    fenrir_kwargs.setdefault("diffusion", "global")  # the calibration of pn.solve
+    fenrir = pn.fenrir_loglik(lv_ode, y0, theta, times, data, obs_sigma=sigma, **fenrir_kwargs)
+    f = pytensor.function([y0, theta], [joint, fenrir, *pt.grad(joint, [y0, theta]), *pt.grad(fenrir, [y0, theta])])
+    value_joint, value_fenrir, *grads = f(Y0_LV, THETA_LV)
+    np.testing.assert_allclose(value_joint, value_fenrir, rtol=1e-10)
+    for grad_joint, grad_fenrir in zip(grads[:2], grads[2:]):
+        np.testing.assert_allclose(grad_joint, grad_fenrir, rtol=1e-7, atol=1e-7 * np.abs(grad_fenrir).max())
+
+
 def test_delta_method_lognormal_model_gradient_and_numba_mode(fhn):
     times = np.arange(0.5, 10.01, 0.5)
     sol = pn.solve(fhn, [-1.0, 1.0], [0.2, 0.2, 3.0], (0.0, 10.0), save_at=times, step=0.01, smooth=False)
@@ -90,6 +173,44 @@ def test_delta_method_lognormal_model_gradient_and_numba_mode(fhn):
     np.testing.assert_allclose(model.compile_dlogp(mode="NUMBA")(point), grad, rtol=1e-12)
 
 
+def sir(y, t, p):
+    return [-p[0] * y[0] * y[1], p[0] * y[0] * y[1] - p[1] * y[1]]
+
+
+def test_lognormal_model_with_correlated_solver_errors(lv_ode):
+    """The multivariate delta method of docs/pm_ode.md: ``log y ~ N(log m, diag(σ²) + cov / (m mᵀ))``;
+    gradients of the model's log-density against central differences, and nutpie's backend."""
+    ode = pn.ODE(sir, n_states=2, n_theta=2)
+    times = np.arange(0.25, 5.0, 0.25)
+    truth = pn.solve(ode, [0.99, 0.01], [4.0, 1.0], (0.0, 5.0), save_at=times, step=0.01).mean
+    yobs = truth * np.exp(0.1 * np.random.default_rng(5).standard_normal(truth.shape))
+    with pm.Model() as model:
+        sigma = pm.HalfNormal("sigma", 0.5, shape=2)
+        lam = pm.LogNormal("lam", 0.0, 0.5)
+        beta = pm.LogNormal("beta", np.log(4.0), 0.5)
+        mean, std, cov = pn.probabilistic_solution(ode, [0.99, 0.01], pt.stack([beta, lam]), times, step=0.25,
+                                                   solver=pn.EK1(order=2), smooth=True, joint_cov=True)
+        m = mean.ravel()
+        noise = pt.diag(pt.tile(sigma**2, len(times)))
+        pm.MvNormal("log_Y", mu=pt.log(m), cov=noise + cov / pt.outer(m, m), observed=np.log(yobs).ravel())
+    point = {"sigma_log__": np.log([0.08, 0.12]), "lam_log__": np.log(1.1), "beta_log__": np.log(3.7)}
+    logp, dlogp = model.compile_logp(), model.compile_dlogp()
+    names = ["sigma_log__", "lam_log__", "beta_log__"]
+    flat = np.concatenate([np.atleast_1d(point[k]) for k in names])
+
+    def at(x):
+        return logp({"sigma_log__": x[:2], "lam_log__": x[2], "beta_log__": x[3]})
+
+    fd = np.array([(at(flat + e) - at(flat - e)) / 2e-6 for e in 1e-6 * np.eye(4)])
+    np.testing.assert_allclose(dlogp(point), fd, rtol=1e-5)
+    # at this coarse step the solver's correlated errors are not negligible next to the noise on the log scale
+    relative = (cov / pt.outer(m, m)).eval({beta: 3.7, lam: 1.1})
+    assert np.abs(relative).max() > 1e-4  # against σ² ≈ 0.01
+    assert np.abs(relative - np.diag(np.diag(relative))).max() > 0.1 * np.abs(relative).max()
+    np.testing.assert_allclose(model.compile_logp(mode="NUMBA")(point), logp(point), rtol=1e-12)
+    np.testing.assert_allclose(model.compile_dlogp(mode="NUMBA")(point), dlogp(point), rtol=1e-12)
+
+
 def test_failed_solve_is_minus_inf_in_a_model_and_nan_outside():
     ode = pn.ODE(blowup, n_states=1, n_theta=1)
     times = np.array([0.5, 1.5, 2.0])
@@ -116,7 +237,68 @@ def test_bad_arguments_raise_value_errors_naming_them(lv_ode):
     ]:
         with pytest.raises(ValueError, match=match):
             pn.probabilistic_solution(lv_ode, Y0_LV, THETA_LV, times, **kwargs)
+    with pytest.raises(ValueError, match="joint_cov.*smooth=True"):
+        pn.probabilistic_solution(lv_ode, Y0_LV, THETA_LV, times, joint_cov=True)
+    with pytest.raises(ValueError, match="smooth"):
+        pn.probabilistic_solution(lv_ode, Y0_LV, THETA_LV, times, smooth="yes")
     with pytest.raises(ValueError, match="times"):
         pn.probabilistic_solution(lv_ode, Y0_LV, THETA_LV, times[::-1])
     with pytest.raises(ValueError, match="theta"):
         pn.probabilistic_solution(lv_ode, Y0_LV, THETA_LV[:3], times)
+
+
+def _iwp_transition(h, q, d, kappa):
+    """Dense IWP(q) transition and process noise (derivative-major states), from their closed forms."""
+    i, j = np.meshgrid(np.arange(q + 1), np.arange(q + 1), indexing="ij")
+    fact = np.vectorize(math.factorial)
+    a = np.where(j >= i, h ** np.maximum(j - i, 0) / fact(np.maximum(j - i, 0)), 0.0)
+    k = 2 * q + 1 - i - j
+    qm = kappa * h**k / (k * fact(q - i) * fact(q - j))
+    return np.kron(a, np.eye(d)), np.kron(qm, np.eye(d))
+
+
+def test_joint_covariance_equals_dense_gaussian_conditioning(lv_ode):
+    """The smoother's joint posterior equals conditioning the joint IWP prior of all grid states on the EK1's
+    linearised ODE observations ``E1 x_n - J E0 x_n = f(ξ_n) - J ξ_n`` (one dense Gaussian computation)."""
+    q, d, h, kappa = 2, 2, 0.25, 0.7
+    times = np.array([0.5, 1.0, 2.0, 3.0])
+    sol = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 3.0), save_at=times, step=h, solver=pn.EK1(order=q),
+                   diffusion=kappa)
+    grid, mus = sol.run.grid, sol.run.mu
+    n_pts, dd = mus.shape
+    a, qn = _iwp_transition(h, q, d, kappa)
+    # joint prior of x_0 .. x_N: x_0 = μ_0 exactly
+    means = [mus[0]]
+    cov = np.zeros((n_pts * dd, n_pts * dd))
+    for n in range(1, n_pts):
+        means.append(a @ means[-1])
+        prev = cov[(n - 1) * dd:n * dd, :n * dd]
+        cov[n * dd:(n + 1) * dd, :n * dd] = a @ prev
+        cov[:n * dd, n * dd:(n + 1) * dd] = (a @ prev).T
+        cov[n * dd:(n + 1) * dd, n * dd:(n + 1) * dd] = a @ prev[:, (n - 1) * dd:] @ a.T + qn
+    rows, values = [], []
+    p1, p2, p3, p4 = THETA_LV
+    for n in range(1, n_pts):
+        xi = (a @ mus[n - 1])[:d]
+        f = np.array([p1 * xi[0] - p2 * xi[0] * xi[1], p3 * xi[0] * xi[1] - p4 * xi[1]])
+        jac = np.array([[p1 - p2 * xi[1], -p2 * xi[0]], [p3 * xi[1], p3 * xi[0] - p4]])
+        row = np.zeros((d, n_pts * dd))
+        row[:, n * dd + d:n * dd + 2 * d] = np.eye(d)
+        row[:, n * dd:n * dd + d] = -jac
+        rows.append(row)
+        values.append(f - jac @ xi)
+    hmat, b, m = np.vstack(rows), np.concatenate(values), np.concatenate(means)
+    gram = hmat @ cov @ hmat.T
+    post_mean = m + cov @ hmat.T @ np.linalg.solve(gram, b - hmat @ m)
+    post_cov = cov - cov @ hmat.T @ np.linalg.solve(gram, hmat @ cov)
+    idx = np.concatenate([np.arange(k * dd, k * dd + d) for k in np.searchsorted(grid, times)])
+    joint = sol.joint_cov().reshape(times.size * d, times.size * d)
+    np.testing.assert_allclose(sol.mean.ravel(), post_mean[idx], rtol=1e-9)
+    np.testing.assert_allclose(joint, post_cov[np.ix_(idx, idx)], atol=1e-9 * np.abs(joint).max())  # 3e-11 measured
+    assert np.abs(joint - np.diag(np.diag(joint))).max() > 0.1 * np.abs(joint).max()  # correlated across times
+    # the tensor version gives the same numbers
+    mean_t, std_t, cov_t = pn.probabilistic_solution(lv_ode, Y0_LV, THETA_LV, times, step=h, solver=pn.EK1(order=q),
+                                                     diffusion=kappa, smooth=True, joint_cov=True)
+    np.testing.assert_array_equal(mean_t.eval(), sol.mean)
+    np.testing.assert_array_equal(std_t.eval(), sol.std)
+    np.testing.assert_allclose(cov_t.eval(), joint, rtol=1e-12, atol=1e-14 * np.abs(joint).max())

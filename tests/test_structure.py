@@ -61,6 +61,8 @@ def test_structured_ek0_equals_dense_ek0(chain_ode, diffusion, step, structure):
     m_struct, c_struct = structured.interpolate(off_grid)
     assert np.allclose(m_dense, m_struct, rtol=1e-9, atol=1e-12)
     assert np.allclose(c_dense, c_struct, rtol=1e-7, atol=1e-14 * np.max(np.abs(c_dense)))
+    joint_dense, joint_struct = dense.joint_cov(), structured.joint_cov()
+    assert np.allclose(joint_dense, joint_struct, rtol=1e-7, atol=1e-14 * np.max(np.abs(joint_dense)))
 
 
 def _diagonal_of(jac_y, d):
@@ -110,6 +112,9 @@ def test_diagonal_ek1_equals_dense_ek1_with_the_jacobians_diagonal(chain_ode, ad
     off_grid = np.array([0.07, 1.31])
     for a, b in zip(block.interpolate(off_grid), dense.interpolate(off_grid)):
         np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-14 * np.max(np.abs(b)))
+    joint = dense.joint_cov()
+    np.testing.assert_allclose(block.joint_cov(), joint, rtol=1e-7, atol=1e-14 * np.max(np.abs(joint)))
+    np.testing.assert_allclose(np.einsum("aiaj->aij", joint), dense.cov, rtol=1e-9, atol=1e-14 * np.max(np.abs(joint)))
 
 
 @pytest.mark.parametrize("solver", [pn.EK1(4, "diagonal"), pn.EK0(4, "isotropic")],

@@ -133,3 +133,22 @@ def noise_inner(x: np.ndarray, step: np.ndarray, rq: np.ndarray, q: int, d: int)
                 tr += x[i * d + k, j * d + k]
             s += qij * tr
     return s
+
+
+@nb.njit(**INLINE_JIT)
+def dense_transition(step: np.ndarray, rq: np.ndarray, q: int, d: int, a_mat: np.ndarray, q_mat: np.ndarray) -> None:
+    """``a_mat = A(h)`` and ``q_mat = Q(h)`` (unit diffusion) as dense ``(D, D)`` matrices.
+
+    For the forward-mode tangents, which differentiate the dense formulas (the filters themselves never form them).
+    """
+    for i in range(q + 1):
+        for j in range(q + 1):
+            qbar_ij = 0.0
+            for r in range(q + 1):
+                qbar_ij += rq[r, i] * rq[r, j]
+            for k in range(d):
+                for c in range(d):
+                    a_mat[i * d + k, j * d + c] = 0.0
+                    q_mat[i * d + k, j * d + c] = 0.0
+                a_mat[i * d + k, j * d + k] = step[0, j - i] if j >= i else 0.0
+                q_mat[i * d + k, j * d + k] = step[1, i] * qbar_ij * step[1, j]

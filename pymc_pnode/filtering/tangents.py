@@ -26,10 +26,13 @@ import numba as nb
 import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, TEN_FN, VEC_FN
-from pymc_pnode._jit import INLINE_JIT, compile_on_first_use
-from pymc_pnode.filtering.prior import preconditioner, transition_coefficients
+from pymc_pnode._jit import INLINE_JIT, compile_on_first_use, readonly
+from pymc_pnode.filtering.linalg import solve_gram_inplace
+from pymc_pnode.filtering.predict import predict_root
+from pymc_pnode.filtering.prior import dense_transition, new_step, set_step
+from pymc_pnode.filtering.smoother import backward_gain, backward_work
 
-__all__ = ["StoredRun", "filter_tangents"]
+__all__ = ["SmoothedRun", "StepTangents", "StoredRun", "filter_tangents", "smoothing_tangents", "stored_run"]
 
 _R1 = nb.types.Array(nb.float64, 1, "C", readonly=True)
 _R2 = nb.types.Array(nb.float64, 2, "C", readonly=True)
@@ -40,17 +43,36 @@ StoredRun = namedtuple("StoredRun", ["grid", "mu", "r", "kappa", "out_index"])
 StoredRun.__doc__ = """A filter run as :func:`filter_tangents` reads it (read-only arrays): the grid (``N + 1``), means
 ``(N + 1, D)``, upper roots ``r`` (``Σ_n = r_nᵀ r_n``), the diffusion ``kappa[n]`` of the step that ended at
 ``grid[n]``, and the indices of the steps whose marginals are reported."""
+StepTangents = namedtuple("StepTangents", ["dmu", "dsig"])
+StepTangents.__doc__ = """Tangents of the filter's means ``dmu`` (``(K, D, P)``) and covariances ``dsig``
+(``(K, P, D, D)``) at the grid points ``0 .. K - 1``. :func:`filter_tangents` reads the initial mean's tangent
+from ``dmu[0]`` and, when ``K`` is the number of grid points, fills in every step (the smoother needs them);
+with ``K = 1`` it keeps none."""
+SmoothedRun = namedtuple("SmoothedRun", ["mu", "r"])
+SmoothedRun.__doc__ = """The smoothing posterior on the grid (read-only): means ``(N + 1, D)`` and upper roots
+``(N + 1, D, D)``."""
+
+
+def stored_run(grid: np.ndarray, mu: np.ndarray, r: np.ndarray, kappa: np.ndarray, out_index: np.ndarray) -> StoredRun:
+    """A :class:`StoredRun` of read-only copies (or views) of a filter run's arrays, as the kernels take them."""
+    return StoredRun(readonly(grid), readonly(mu), readonly(r), readonly(kappa), readonly(out_index, np.int64))
+
+
 _STORED_RUN_T = nb.types.NamedTuple([_R1, _R2, _R3, _R1, _RI1], StoredRun)
-_TANGENTS_SIG = (VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, nb.float64[::1], _STORED_RUN_T, _R2, _R2, nb.boolean)
+_STEP_TANGENTS_T = nb.types.NamedTuple([nb.float64[:, :, ::1], nb.float64[:, :, :, ::1]], StepTangents)
+_SMOOTHED_RUN_T = nb.types.NamedTuple([_R2, _R3], SmoothedRun)
+_TANGENTS_SIG = (VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, nb.float64[::1], _STORED_RUN_T, _STEP_TANGENTS_T, _R2,
+                 nb.boolean)
 
 
 @compile_on_first_use(_TANGENTS_SIG, **INLINE_JIT)
-def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, dmu0, rq, ek1):
+def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1):
     """Tangents of the filter means and covariances at the steps ``run.out_index`` of a stored run.
 
     Parameters: the vector field and its first and second derivatives; the parameters ``p``; the
-    :class:`StoredRun`; ``dmu0`` (``(D, P)``) the tangent of the initial mean; the root ``rq`` of ``Q̄``
-    (``(q + 1, q + 1)``: it sets the IWP order ``q``, and ``D = (q + 1) d`` the number of states); EK1 or EK0.
+    :class:`StoredRun`; the :class:`StepTangents` (``steps.dmu[0]`` the tangent of the initial mean; filled
+    at every step if it has room); the root ``rq`` of ``Q̄`` (``(q + 1, q + 1)``: it sets the IWP order ``q``,
+    and ``D = (q + 1) d`` the number of states); EK1 or EK0.
 
     Returns ``(dmean, dvar, dstat)``: the tangents of ``E0 μ`` (``(K, d, P)``) and of the variances
     ``diag(E0 Σ E0ᵀ)`` (``(K, d, P)``) at the output steps, and the tangent (``(P,)``) of the calibration
@@ -60,18 +82,17 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, dmu0, rq, ek1):
     q = rq.shape[0] - 1
     dd = mus.shape[1]
     d = dd // (q + 1)
-    n_dir = dmu0.shape[1]
+    keep = steps.dmu.shape[0] > 1
+    n_dir = steps.dmu.shape[2]
     n_out = out_index.shape[0]
     dmean = np.zeros((n_out, d, n_dir))
     dvar = np.zeros((n_out, d, n_dir))
     dstat = np.zeros(n_dir)
-    qbar = rq.T @ rq
-    dmu = np.ascontiguousarray(dmu0).copy()  # (D, P)
+    dmu = steps.dmu[0].copy()  # (D, P)
     dsig = np.zeros((n_dir, dd, dd))
     a_mat = np.zeros((dd, dd))
     q_mat = np.zeros((dd, dd))
-    coef = np.empty(q + 1)
-    tvec = np.empty(q + 1)
+    step = np.empty((3, q + 1))
     xi = np.empty(d)
     fx = np.empty(d)
     jac = np.empty((d, d))
@@ -89,13 +110,8 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, dmu0, rq, ek1):
     for n in range(ts.shape[0] - 1):
         h = ts[n + 1] - ts[n]
         t_new = ts[n + 1]
-        transition_coefficients(h, q, coef)
-        preconditioner(h, q, tvec)
-        for i in range(q + 1):
-            for jj in range(q + 1):
-                for k in range(d):
-                    a_mat[i * d + k, jj * d + k] = coef[jj - i] if jj >= i else 0.0
-                    q_mat[i * d + k, jj * d + k] = tvec[i] * qbar[i, jj] * tvec[jj]
+        set_step(h, 1.0, q, step)
+        dense_transition(step, rq, q, d, a_mat, q_mat)
         sig = rs[n].T @ rs[n]
         sig_pred = a_mat @ sig @ a_mat.T + kappas[n + 1] * q_mat
         mu_pred = a_mat @ mus[n]
@@ -150,6 +166,9 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, dmu0, rq, ek1):
             for c in range(dd):
                 dmu[c, j] = new_dmu[c]
             dstat[j] += 2.0 * (s_inv_z @ dz) - s_inv_z @ (ds @ s_inv_z)
+        if keep:
+            steps.dmu[n + 1] = dmu
+            steps.dsig[n + 1] = dsig
         while k_out < n_out and out_index[k_out] == n + 1:
             for j in range(n_dir):
                 for k in range(d):
@@ -157,3 +176,107 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, dmu0, rq, ek1):
                     dvar[k_out, k, j] = dsig[j, k, k]
             k_out += 1
     return dmean, dvar, dstat
+
+
+_SMOOTHING_SIG = (_STORED_RUN_T, _SMOOTHED_RUN_T, _STEP_TANGENTS_T, _R2, nb.boolean)
+
+
+@compile_on_first_use(_SMOOTHING_SIG, **INLINE_JIT)
+def smoothing_tangents(run, smoothed, steps, rq, joint):
+    r"""Tangents of the smoothing posterior at the steps ``run.out_index``, and its covariance across them.
+
+    The smoother runs backwards through the kernels ``x_n | x_{n+1} ~ N(G x_{n+1} + c, Λ)`` of the filter
+    posterior (Rauch, Tung & Striebel, 1965; in this form Tronarp, Bosch & Hennig, 2022):
+
+    .. math::
+
+        G = Σ_n Aᵀ (Σ^-_{n+1})^{-1},\quad μ^s_n = μ_n + G (μ^s_{n+1} - A μ_n),\quad
+        Σ^s_n = B Σ_n Bᵀ + κ G Q Gᵀ + G Σ^s_{n+1} Gᵀ,\quad B = I - G A,
+
+    and ``Cov(x_n, x_m) = G Cov(x_{n+1}, x_m)`` for ``n < m``. Differentiated with the filter's tangents
+    ``steps`` (:func:`filter_tangents` with every step kept): ``dG = (dΣ_n Aᵀ - G dΣ^-)(Σ^-)^{-1}`` by two
+    triangular solves with the predicted root, and ``Λ`` is stationary in ``G`` (it is the minimum over
+    ``G`` of the Joseph form), so ``dΛ = B dΣ_n Bᵀ`` at a fixed diffusion.
+
+    Returns ``(dmean, dvar, cov, dcov)``: the tangents (``(K, d, P)``) of ``E0 μ^s`` and ``diag(E0 Σ^s E0ᵀ)`` at
+    the ``K`` output steps; if ``joint``, the covariance ``cov[a, :, b, :] = Cov(E0 x_a, E0 x_b)`` of the
+    solution across the output steps (``(K, d, K, d)``) and its tangent (``(K, d, K, d, P)``), else empty.
+    """
+    ts, mus, rs, kappas, out_index = run
+    q = rq.shape[0] - 1
+    dd = mus.shape[1]
+    d = dd // (q + 1)
+    n_dir = steps.dmu.shape[2]
+    n_out = out_index.shape[0]
+    n_joint = n_out if joint else 0
+    dmean = np.zeros((n_out, d, n_dir))
+    dvar = np.zeros((n_out, d, n_dir))
+    cov = np.zeros((n_joint, d, n_joint, d))
+    dcov = np.zeros((n_joint, d, n_joint, d, n_dir))
+    # Cov(x_n, E0 x_m) (D × d) and its tangents for the output steps m >= n reached so far
+    cross = np.zeros((n_joint, dd, d))
+    dcross = np.zeros((n_joint, n_dir, dd, d))
+    a_mat = np.zeros((dd, dd))
+    q_mat = np.zeros((dd, dd))
+    r_pred = np.zeros((dd, dd))
+    work = backward_work(dd)
+    last = ts.shape[0] - 1
+    dmu_s = steps.dmu[last].copy()
+    dsig_s = steps.dsig[last].copy()
+    k_out = n_out - 1
+    for n in range(last, -1, -1):
+        sig_s = smoothed.r[n].T @ smoothed.r[n]
+        while k_out >= 0 and out_index[k_out] == n:
+            for k in range(d):
+                for j in range(n_dir):
+                    dmean[k_out, k, j] = dmu_s[k, j]
+                    dvar[k_out, k, j] = dsig_s[j, k, k]
+            if joint:
+                for b in range(k_out + 1, n_out):
+                    for k in range(d):
+                        for c in range(d):
+                            cov[k_out, k, b, c] = cross[b, k, c]
+                            cov[b, c, k_out, k] = cross[b, k, c]
+                            for j in range(n_dir):
+                                dcov[k_out, k, b, c, j] = dcross[b, j, k, c]
+                                dcov[b, c, k_out, k, j] = dcross[b, j, k, c]
+                for k in range(dd):
+                    for c in range(d):
+                        cross[k_out, k, c] = sig_s[k, c]
+                        for j in range(n_dir):
+                            dcross[k_out, j, k, c] = dsig_s[j, k, c]
+                for k in range(d):
+                    for c in range(d):
+                        cov[k_out, k, k_out, c] = sig_s[k, c]
+                        for j in range(n_dir):
+                            dcov[k_out, k, k_out, c, j] = dsig_s[j, k, c]
+            k_out -= 1
+        if n == 0:
+            break
+        # the kernel of the step from grid point n - 1 to n
+        step = new_step(ts[n] - ts[n - 1], kappas[n], q)
+        dense_transition(step, rq, q, d, a_mat, q_mat)
+        predict_root(rs[n - 1], step, rq, q, d, work.stack, r_pred)
+        backward_gain(rs[n - 1], r_pred, step, q, d, work.wt, work.gt)
+        g = work.gt.T.copy()
+        b_mat = np.eye(dd) - g @ a_mat
+        resid = smoothed.mu[n] - a_mat @ mus[n - 1]
+        sig_s_gt = sig_s @ work.gt
+        new_dmu = np.empty((dd, n_dir))
+        new_dsig = np.empty((n_dir, dd, dd))
+        for j in range(n_dir):
+            dmu_f = np.ascontiguousarray(steps.dmu[n - 1][:, j])
+            a_dsig = a_mat @ steps.dsig[n - 1, j]
+            dgt = a_dsig - (a_dsig @ a_mat.T) @ work.gt  # (A dΣ_n - dΣ⁻ Gᵀ), then (Σ⁻)⁻¹ from the left
+            solve_gram_inplace(r_pred, dd, dgt)
+            dg = dgt.T.copy()
+            new_dmu[:, j] = dmu_f + dg @ resid + g @ (np.ascontiguousarray(dmu_s[:, j]) - a_mat @ dmu_f)
+            term = dg @ sig_s_gt
+            new_dsig[j] = b_mat @ steps.dsig[n - 1, j] @ b_mat.T + term + term.T + g @ dsig_s[j] @ work.gt
+            for b in range(k_out + 1, n_joint):
+                dcross[b, j] = dg @ cross[b] + g @ dcross[b, j]
+        for b in range(k_out + 1, n_joint):
+            cross[b] = g @ cross[b]
+        dmu_s = new_dmu
+        dsig_s = new_dsig
+    return dmean, dvar, cov, dcov
