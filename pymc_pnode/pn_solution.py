@@ -24,7 +24,8 @@ from pytensor.graph.op import Op
 
 from pymc_pnode._jit import readonly, register_object_mode
 from pymc_pnode.differential_equation import flag_failed_solve
-from pymc_pnode.filtering.tangents import StepTangents, filter_tangents, smoothing_tangents, stored_run
+from pymc_pnode.filtering.structure import STRUCTURES
+from pymc_pnode.filtering.tangents import StepTangents, block_filter_tangents, filter_tangents, stored_run
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
 from pymc_pnode.solve import ODEFilter, solve, validate_filter, validate_ode
@@ -95,15 +96,16 @@ class PNSolutionProblem:
         taylor_jac(y0, ode.t0, theta, dy, dp)
         run = stored_run(sol.run.grid, sol.run.mu, sol.run.r, sol.run.kappa, sol.out_index)
         n_kept, dd = (run.grid.size if self.smooth else 1), run.mu.shape[1]
-        steps = StepTangents(np.zeros((n_kept, dd, n_dir)), np.zeros((n_kept, n_dir, dd, dd)))
+        steps = StepTangents(np.zeros((n_kept, dd, n_dir)), np.zeros((n_kept, n_dir) + run.r.shape[1:]))
         steps.dmu[0] = np.concatenate([dy, dp], axis=2).reshape(dd, n_dir)
-        rq = readonly(self.solver.prior.Q_bar_sqrt)
-        dmean, dvar, dstat = filter_tangents(  # (EK0 does not call the second derivatives)
-            ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, run, steps, rq, self.solver.ek1,
+        tangents = filter_tangents if run.r.ndim == 3 else block_filter_tangents
+        dmean, dvar, dstat = tangents(  # (EK0 does not call the second derivatives)
+            ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, run, steps,
+            readonly(self.solver.prior.Q_bar_sqrt), self.solver.ek1,
         )
         cov, dcov = np.zeros((n_out, d, 0, d)), np.zeros((n_out, d, 0, d, n_dir))
         if self.smooth:
-            dmean, dvar, cov, dcov = smoothing_tangents(run, sol.smoothed_run, steps, rq, self.joint_cov)
+            dmean, dvar, cov, dcov = sol.smoothing_tangents(steps, self.joint_cov)
         var = sol.std**2
         if self.diffusion is None:
             # σ² = Σ ẑᵀS⁻¹ẑ / (N d) scales every covariance: dΣ = (dΣ)|σ² + Σ dσ²/σ² (dstat is dσ²/σ² · N d).
@@ -213,6 +215,8 @@ def probabilistic_solution(
     times : array_like
         Strictly increasing output times, ``times[0] >= ode.t0``, ``times[-1] > ode.t0``.
     solver : EK0 or EK1, default ``EK1(order=3)``
+        Any structure (dense, ``"diagonal"``, ``"isotropic"``); the gradients of every structure evaluate the
+        vector field's full Hessian (``d³`` numbers per step).
     step : float, optional
         A fixed step (the grid contains every output time); default: error-controlled steps.
     rtol, atol, max_steps
@@ -222,7 +226,8 @@ def probabilistic_solution(
     smooth : bool, default False
         Report the smoothing posterior (conditioned on the whole solve) instead of the filtering marginals
         (conditioned on the steps up to each time). The smoother's gradients store the filter's tangents at
-        every step: ``(N + 1) (d + n_theta) D²`` numbers for ``N`` steps and ``D = d (q + 1)``.
+        every step: ``(N + 1) (d + n_theta) D²`` numbers for ``N`` steps and ``D = d (q + 1)`` (dense), ``d (q + 1)²``
+        in place of ``D²`` for the block-diagonal structure.
     joint_cov : bool, default False
         Also return the covariance of the solution across ``times`` (requires ``smooth=True``: the joint
         distribution is the smoothing posterior's).
@@ -239,7 +244,7 @@ def probabilistic_solution(
         (time-major): ``cov[a * d + i, b * d + j] = Cov(y_i(t_a), y_j(t_b))``.
     """
     ode = validate_ode(ode)
-    solver = validate_filter(solver, user="pn.probabilistic_solution")
+    solver = validate_filter(solver, STRUCTURES, user="pn.probabilistic_solution")
     times = validate_times(times, "times", start=ode.t0)
     if times[-1] <= ode.t0:
         raise ValueError(f"times must reach beyond the ODE's t0={ode.t0}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import ClassVar
@@ -37,6 +38,10 @@ from pymc_pnode.priors import IWP
 from pymc_pnode.validation import as_positive_int, validate_step, validate_t_span, validate_times
 
 __all__ = ["EK0", "EK1", "ODEFilter", "ProbabilisticSolution", "solve", "validate_filter", "validate_ode"]
+
+
+# One independent group of states of a solve: the states, their filter run and their smoothing posterior.
+SmoothingGroup = namedtuple("SmoothingGroup", ["states", "run", "smoothed"])
 
 
 @lru_cache(maxsize=None)
@@ -253,13 +258,48 @@ class ProbabilisticSolution:
     def std(self) -> np.ndarray:
         return np.sqrt(np.clip(np.einsum("nii->ni", self.cov), 0.0, None))
 
-    @property
-    def smoothed_run(self) -> SmoothedRun:
-        """The smoothing posterior at every grid point (dense solves): means ``(N, D)``, right roots ``(N, D, D)``."""
-        if self.run.r.ndim != 3:
-            raise ValueError("smoothed_run is defined for dense solves; structured ones have sample() and joint_cov()")
-        mus_s, rs_s, _ = self._smoothing[0]
-        return SmoothedRun(readonly(mus_s), readonly(rs_s))
+    def _smoothing_groups(self) -> list[SmoothingGroup]:
+        """The groups of :attr:`_groups` with their filter runs and smoothing posteriors on the whole grid, as the
+        kernels of :mod:`~pymc_pnode.filtering.tangents` read them."""
+        grid, kappa = self.run.grid, self.run.kappa
+        return [SmoothingGroup(states, stored_run(grid, mus, rs, kappa, self.out_index),
+                               SmoothedRun(readonly(mus_s), readonly(rs_s)))
+                for (states, mus, rs), (mus_s, rs_s, _) in zip(self._groups, self._smoothing)]
+
+    def smoothing_tangents(self, steps: StepTangents | None = None, joint: bool = True):
+        """:func:`~pymc_pnode.filtering.tangents.smoothing_tangents` for the whole solve, group by group.
+
+        ``steps`` are the filter's tangents at every grid point (``dsig`` in the shape of the run's roots);
+        ``None`` for none. Returns ``(dmean, dvar, cov, dcov)`` assembled over the states: ``(T, d, P)``,
+        ``(T, d, P)``, and if ``joint`` the covariance across times ``(T, d, T, d)`` and its tangents
+        ``(T, d, T, d, P)`` (else empty).
+        """
+        d, n_out, q1 = self.ode.n_states, self.t.size, self.solver.order + 1
+        n_pts, dd = self.run.mu.shape
+        if steps is None:
+            steps = StepTangents(np.zeros((n_pts, dd, 0)), np.zeros((n_pts, 0) + self.run.r.shape[1:]))
+        n_dir, n_joint = steps.dmu.shape[2], (n_out if joint else 0)
+        dmean, dvar = np.zeros((n_out, d, n_dir)), np.zeros((n_out, d, n_dir))
+        cov, dcov = np.zeros((n_joint, d, n_joint, d)), np.zeros((n_joint, d, n_joint, d, n_dir))
+        if self.run.grid.size < 2:
+            return dmean, dvar, cov, dcov
+        rq = readonly(self.solver.prior.Q_bar_sqrt)
+        for group in self._smoothing_groups():
+            states = group.states
+            group_steps = steps
+            if self.run.r.ndim == 4:  # one state per group: its rows of the means, its block (or the shared one)
+                rows = np.arange(q1) * d + states[0]
+                block = states[0] if self.run.r.shape[1] > 1 else 0
+                group_steps = StepTangents(np.ascontiguousarray(steps.dmu[:, rows]),
+                                           np.ascontiguousarray(steps.dsig[:, :, block]))
+            g_mean, g_var, g_cov, g_dcov = smoothing_tangents(group.run, group.smoothed, group_steps, rq, joint)
+            dmean[:, states], dvar[:, states] = g_mean, g_var
+            if joint:
+                for i, state_i in enumerate(states):
+                    for j, state_j in enumerate(states):
+                        cov[:, state_i, :, state_j] = g_cov[:, i, :, j]
+                        dcov[:, state_i, :, state_j] = g_dcov[:, i, :, j]
+        return dmean, dvar, cov, dcov
 
     def joint_cov(self) -> np.ndarray:
         """Covariance of the solution across the output times, shape ``(T, d, T, d)``.
@@ -268,21 +308,7 @@ class ProbabilisticSolution:
         distribution of the solution that :meth:`sample` draws from (its diagonal blocks are :attr:`cov` of a
         smoothed solve). Computed through the backward kernels, ``Cov(x_n, x_m) = G_{n+1} Cov(x_{n+1}, x_m)``.
         """
-        d, n_out = self.ode.n_states, self.t.size
-        out = np.zeros((n_out, d, n_out, d))
-        if self.run.grid.size < 2:
-            return out
-        rq = self.solver.prior.Q_bar_sqrt
-        for (states, mus, rs), (mus_s, rs_s, _) in zip(self._groups, self._smoothing):
-            run = stored_run(self.run.grid, mus, rs, self.run.kappa, self.out_index)
-            no_directions = StepTangents(np.zeros((mus.shape[0], mus.shape[1], 0)),
-                                         np.zeros((mus.shape[0], 0, mus.shape[1], mus.shape[1])))
-            cov = smoothing_tangents(run, SmoothedRun(readonly(mus_s), readonly(rs_s)), no_directions, readonly(rq),
-                                     True)[2]
-            for i, state_i in enumerate(states):
-                for j, state_j in enumerate(states):
-                    out[:, state_i, :, state_j] = cov[:, i, :, j]
-        return out
+        return self.smoothing_tangents()[2]
 
     def sample(self, n: int = 1, rng=None) -> np.ndarray:
         """Joint samples of the solution trajectory at ``t``, shape ``(n, T, d)``.

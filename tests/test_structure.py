@@ -2,6 +2,7 @@
 
 import numba as nb
 import numpy as np
+import pytensor.tensor as pt
 import pytest
 from scipy.integrate import solve_ivp
 from scipy.stats import norm
@@ -11,7 +12,7 @@ from pymc_pnode._codegen import SIG_MAT
 from pymc_pnode.filtering.odefilter import Diffusion, run_block_filter, run_filter
 from pymc_pnode.filtering.stepping import Stepping
 from pymc_pnode.filtering.structure import initial_root
-from pymc_pnode.solve import DIFFUSION_FIXED, ProbabilisticSolution, fixed_grid
+from pymc_pnode.solve import DIFFUSION_FIXED, ProbabilisticSolution, fixed_grid, validate_filter
 from tests.conftest import assert_gradient_matches_central_differences
 
 D = 5
@@ -146,8 +147,45 @@ def test_structure_errors_name_the_structure(chain_ode):
         pn.EK1(3, "isotropic")
     with pytest.raises(ValueError, match="structure must be one of"):
         pn.EK0(3, "banded")
-    with pytest.raises(ValueError, match="solver: .*supports the structures"):
-        pn.probabilistic_solution(chain_ode, Y0, THETA, SAVE, solver=pn.EK1(3, "diagonal"))
+    with pytest.raises(ValueError, match="solver: a dense-only user supports the structures"):
+        validate_filter(pn.EK1(3, "diagonal"), ("dense",), user="a dense-only user")
+
+
+@pytest.mark.parametrize("diffusion", [None, 0.5], ids=["calibrated", "fixed"])
+@pytest.mark.parametrize("solver", [pn.EK1(3, "diagonal"), pn.EK0(3, "isotropic"), pn.EK0(3, "diagonal")],
+                         ids=["EK1-diagonal", "EK0-isotropic", "EK0-diagonal"])
+def test_structured_probabilistic_solution_equals_solve_with_exact_gradients(chain_ode, solver, diffusion):
+    """Filtered and smoothed tensors (with the covariance across times) of a structured solver: the numbers of
+    ``pn.solve`` and gradients that match central differences (a fixed step: the exact derivative)."""
+    times = SAVE[1:]
+    kwargs = dict(solver=solver, step=0.05, diffusion=diffusion)
+    solve_kwargs = dict(solver=solver, step=0.05, save_at=times,
+                        diffusion="calibrated" if diffusion is None else diffusion)
+    filtered = pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), smooth=False, **solve_kwargs)
+    smoothed = pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), **solve_kwargs)
+    joint = smoothed.joint_cov().reshape(times.size * D, times.size * D)
+    mean_f, std_f = pn.probabilistic_solution(chain_ode, Y0, THETA, times, **kwargs)
+    mean_s, std_s, cov_s = pn.probabilistic_solution(chain_ode, Y0, THETA, times, smooth=True, joint_cov=True,
+                                                     **kwargs)
+    np.testing.assert_array_equal(mean_f.eval(), filtered.mean)
+    np.testing.assert_array_equal(std_f.eval(), filtered.std)
+    np.testing.assert_array_equal(mean_s.eval(), smoothed.mean)
+    np.testing.assert_array_equal(std_s.eval(), smoothed.std)
+    np.testing.assert_allclose(cov_s.eval(), joint, rtol=1e-12, atol=1e-14 * np.abs(joint).max())
+    # independent states (given the means): no covariance between different states at any two times
+    assert np.all(smoothed.joint_cov()[:, 0, :, 1] == 0.0)
+    rng = np.random.default_rng(7)
+    weights = rng.standard_normal((4, times.size, D))
+    cov_weights = rng.standard_normal(joint.shape) / np.abs(joint).max()
+
+    def objective(y0, theta):
+        mean_f, std_f = pn.probabilistic_solution(chain_ode, y0, theta, times, **kwargs)
+        mean_s, std_s, cov_s = pn.probabilistic_solution(chain_ode, y0, theta, times, smooth=True, joint_cov=True,
+                                                         **kwargs)
+        return ((weights[0] * mean_f).sum() + (weights[1] * pt.log(std_f)).sum() + (weights[2] * mean_s).sum()
+                + (weights[3] * pt.log(std_s)).sum() + (cov_weights * cov_s).sum())
+
+    assert_gradient_matches_central_differences(objective, [Y0, THETA], rel=1e-6, abs_=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------- Fenrir

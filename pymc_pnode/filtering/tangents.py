@@ -29,10 +29,11 @@ from pymc_pnode._codegen import MAT_FN, TEN_FN, VEC_FN
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use, readonly
 from pymc_pnode.filtering.linalg import solve_gram_inplace
 from pymc_pnode.filtering.predict import predict_root
-from pymc_pnode.filtering.prior import dense_transition, new_step, set_step
+from pymc_pnode.filtering.prior import apply_transition, dense_transition, new_step, set_step
 from pymc_pnode.filtering.smoother import backward_gain, backward_work
 
-__all__ = ["SmoothedRun", "StepTangents", "StoredRun", "filter_tangents", "smoothing_tangents", "stored_run"]
+__all__ = ["SmoothedRun", "StepTangents", "StoredRun", "block_filter_tangents", "filter_tangents", "smoothing_tangents",
+           "stored_run"]
 
 _R1 = nb.types.Array(nb.float64, 1, "C", readonly=True)
 _R2 = nb.types.Array(nb.float64, 2, "C", readonly=True)
@@ -63,6 +64,41 @@ _STEP_TANGENTS_T = nb.types.NamedTuple([nb.float64[:, :, ::1], nb.float64[:, :, 
 _SMOOTHED_RUN_T = nb.types.NamedTuple([_R2, _R3], SmoothedRun)
 _TANGENTS_SIG = (VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, nb.float64[::1], _STORED_RUN_T, _STEP_TANGENTS_T, _R2,
                  nb.boolean)
+
+
+# One Kalman update with its linearisation, as the tangents read it: Σ⁻, H, Σ⁻Hᵀ, K = Σ⁻HᵀS⁻¹, S⁻¹, B = I − KH,
+# Σ = BΣ⁻Bᵀ, the residual ẑ and S⁻¹ẑ.
+LinearisedUpdate = namedtuple("LinearisedUpdate", ["sig_pred", "h", "ph", "gain", "s_inv", "b", "sig_post", "z",
+                                                   "s_inv_z"])
+
+
+@nb.njit(**INLINE_JIT)
+def linearised_update(sig_pred: np.ndarray, h: np.ndarray, z: np.ndarray) -> LinearisedUpdate:
+    """The update of ``N(μ⁻, Σ⁻)`` on ``H x = ẑ``-type information (noise-free), in dense form."""
+    ph = sig_pred @ h.T
+    s_inv = np.linalg.inv(h @ ph)
+    gain = ph @ s_inv
+    b = np.eye(sig_pred.shape[0]) - gain @ h
+    return LinearisedUpdate(sig_pred, h, ph, gain, s_inv, b, b @ sig_pred @ b.T, z, s_inv @ z)
+
+
+@nb.njit(**INLINE_JIT)
+def update_tangent(update: LinearisedUpdate, dmu_pred: np.ndarray, dsig_pred: np.ndarray, dh: np.ndarray,
+                   dz: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Tangents ``(dμ, dΣ, d(ẑᵀS⁻¹ẑ))`` of one update given those of ``μ⁻``, ``Σ⁻``, ``H`` and ``ẑ``.
+
+    Σ in Joseph form ``B Σ⁻ Bᵀ``: stationary in ``K``, so ``dK`` drops out, and ``B`` projects out the rounding
+    errors of ``dΣ⁻`` in the directions the update pins (the plain form's ``dΣ⁻ − d(K S Kᵀ)`` lets them grow
+    exponentially along an EK1 solve).
+    """
+    dph = dsig_pred @ update.h.T + update.sig_pred @ dh.T
+    ds = dh @ update.ph + update.h @ dph
+    dgain = (dph - update.gain @ ds) @ update.s_inv
+    dmu = dmu_pred - dgain @ update.z - update.gain @ dz
+    kdh_sig = update.gain @ dh @ update.sig_post
+    dsig = update.b @ dsig_pred @ update.b.T - kdh_sig - kdh_sig.T
+    s_inv_z = update.s_inv_z
+    return dmu, dsig, 2.0 * (s_inv_z @ dz) - s_inv_z @ (ds @ s_inv_z)
 
 
 @compile_on_first_use(_TANGENTS_SIG, **INLINE_JIT)
@@ -131,13 +167,7 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
             if ek1:
                 for c in range(d):
                     h_mat[k, c] = -jac[k, c]
-        ph = sig_pred @ h_mat.T  # Σ⁻ Hᵀ
-        s_mat = h_mat @ ph
-        s_inv = np.linalg.inv(s_mat)
-        gain = ph @ s_inv
-        s_inv_z = s_inv @ z
-        b_mat = np.eye(dd) - gain @ h_mat
-        sig_post = b_mat @ sig_pred @ b_mat.T
+        update = linearised_update(sig_pred, h_mat, z)
         for j in range(n_dir):
             dmu_pred = a_mat @ np.ascontiguousarray(dmu[:, j])
             dsig_pred = a_mat @ dsig[j] @ a_mat.T
@@ -154,18 +184,11 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
                         if j >= d:
                             v += hyp[k, c, j - d]
                         dh[k, c] = -v
-            dph = dsig_pred @ h_mat.T + sig_pred @ dh.T
-            ds = dh @ ph + h_mat @ dph
-            dgain = (dph - gain @ ds) @ s_inv
-            new_dmu = dmu_pred - dgain @ z - gain @ dz
-            # Joseph form Σ = B Σ⁻ Bᵀ, B = I - K H: stationary in K, so dK drops out, and B projects out
-            # the rounding errors of dΣ⁻ in the directions the update pins (the plain form's
-            # dΣ⁻ - d(K S Kᵀ) lets them grow exponentially along an EK1 solve).
-            kdh_sig = gain @ dh @ sig_post
-            dsig[j] = b_mat @ dsig_pred @ b_mat.T - kdh_sig - kdh_sig.T
+            new_dmu, new_dsig, dstat_j = update_tangent(update, dmu_pred, dsig_pred, dh, dz)
+            dsig[j] = new_dsig
             for c in range(dd):
                 dmu[c, j] = new_dmu[c]
-            dstat[j] += 2.0 * (s_inv_z @ dz) - s_inv_z @ (ds @ s_inv_z)
+            dstat[j] += dstat_j
         if keep:
             steps.dmu[n + 1] = dmu
             steps.dsig[n + 1] = dsig
@@ -174,6 +197,124 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
                 for k in range(d):
                     dmean[k_out, k, j] = dmu[k, j]
                     dvar[k_out, k, j] = dsig[j, k, k]
+            k_out += 1
+    return dmean, dvar, dstat
+
+
+_R4 = nb.types.Array(nb.float64, 4, "C", readonly=True)
+_STORED_BLOCK_RUN_T = nb.types.NamedTuple([_R1, _R2, _R4, _R1, _RI1], StoredRun)
+_BLOCK_STEP_TANGENTS_T = nb.types.NamedTuple([nb.float64[:, :, ::1], nb.float64[:, :, :, :, ::1]], StepTangents)
+_BLOCK_TANGENTS_SIG = (VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, nb.float64[::1], _STORED_BLOCK_RUN_T,
+                       _BLOCK_STEP_TANGENTS_T, _R2, nb.boolean)
+
+
+@compile_on_first_use(_BLOCK_TANGENTS_SIG, **INLINE_JIT)
+def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1):
+    """:func:`filter_tangents` for the block-diagonal and isotropic structures (:mod:`.structure`).
+
+    ``run.r`` holds one ``(q + 1, q + 1)`` root per state (``(N + 1, d, q + 1, q + 1)``) or one shared root
+    (``(N + 1, 1, q + 1, q + 1)``); ``steps.dsig`` is ``(K, P, n_blocks, q + 1, q + 1)``. State ``i`` is
+    updated on its block with the scalar observation ``E1 − L_ii E0`` (``L_ii = ∂f_i/∂y_i`` for the EK1, 0 for
+    the EK0), so the tangent of ``L_ii`` needs only the Hessian entries ``∂²f_i/∂y_i∂(y, θ)``; the means stay
+    coupled through ``f``. (The full Hessian is evaluated: ``d³`` numbers per step.) Same returns.
+    """
+    ts, mus, rs, kappas, out_index = run
+    q = rq.shape[0] - 1
+    q1 = q + 1
+    dd = mus.shape[1]
+    d = dd // q1
+    n_blocks = rs.shape[1]
+    keep = steps.dmu.shape[0] > 1
+    n_dir = steps.dmu.shape[2]
+    n_out = out_index.shape[0]
+    dmean = np.zeros((n_out, d, n_dir))
+    dvar = np.zeros((n_out, d, n_dir))
+    dstat = np.zeros(n_dir)
+    dmu = steps.dmu[0].copy()
+    dsig = np.zeros((n_dir, n_blocks, q1, q1))
+    new_dmu = np.empty((dd, n_dir))
+    a_mat = np.zeros((q1, q1))
+    q_mat = np.zeros((q1, q1))
+    step = np.empty((3, q1))
+    mu_pred = np.empty(dd)
+    dmu_pred = np.empty((dd, n_dir))
+    dmu_col, pred_col = np.empty(dd), np.empty(dd)
+    xi = np.empty(d)
+    fx = np.empty(d)
+    jac = np.empty((d, d))
+    jp = np.empty((d, p.shape[0]))
+    hyy = np.empty((d, d, d))
+    hyp = np.empty((d, d, p.shape[0]))
+    h_row = np.zeros((1, q1))
+    dh = np.zeros((1, q1))
+    z = np.empty(1)
+    dz = np.empty(1)
+    block_dmu = np.empty(q1)
+    k_out = 0
+    while k_out < n_out and out_index[k_out] == 0:
+        for j in range(n_dir):
+            for k in range(d):
+                dmean[k_out, k, j] = dmu[k, j]
+        k_out += 1
+    for n in range(ts.shape[0] - 1):
+        t_new = ts[n + 1]
+        set_step(ts[n + 1] - ts[n], 1.0, q, step)
+        dense_transition(step, rq, q, 1, a_mat, q_mat)
+        apply_transition(step, q, d, mus[n], mu_pred)
+        for j in range(n_dir):
+            for k in range(dd):
+                dmu_col[k] = dmu[k, j]
+            apply_transition(step, q, d, dmu_col, pred_col)
+            for k in range(dd):
+                dmu_pred[k, j] = pred_col[k]
+        for k in range(d):
+            xi[k] = mu_pred[k]
+        rhs(xi, t_new, p, fx)
+        jac_y(xi, t_new, p, jac)
+        jac_p(xi, t_new, p, jp)
+        if ek1:
+            hess_yy(xi, t_new, p, hyy)
+            hess_yp(xi, t_new, p, hyp)
+        new_dsig = np.zeros((n_dir, n_blocks, q1, q1))
+        for i in range(d):
+            b = i if n_blocks > 1 else 0
+            sig_pred = a_mat @ (rs[n, b].T @ rs[n, b]) @ a_mat.T + kappas[n + 1] * q_mat
+            h_row[0, 0] = -jac[i, i] if ek1 else 0.0
+            h_row[0, 1] = 1.0
+            z[0] = mu_pred[d + i] - fx[i]
+            update = linearised_update(sig_pred, h_row, z)
+            for j in range(n_dir):
+                for k in range(q1):
+                    block_dmu[k] = dmu_pred[k * d + i, j]
+                dsig_pred = a_mat @ dsig[j, b] @ a_mat.T
+                v = dmu_pred[d + i, j]
+                w = 0.0
+                for m in range(d):
+                    v -= jac[i, m] * dmu_pred[m, j]
+                    if ek1:
+                        w += hyy[i, i, m] * dmu_pred[m, j]
+                if j >= d:
+                    v -= jp[i, j - d]
+                    if ek1:
+                        w += hyp[i, i, j - d]
+                dz[0] = v
+                dh[0, 0] = -w
+                block_new, block_dsig, dstat_j = update_tangent(update, block_dmu, dsig_pred, dh, dz)
+                for k in range(q1):
+                    new_dmu[k * d + i, j] = block_new[k]
+                if b == i:  # (a shared isotropic block is updated once)
+                    new_dsig[j, b] = block_dsig
+                dstat[j] += dstat_j
+        dmu[:, :] = new_dmu
+        dsig = new_dsig
+        if keep:
+            steps.dmu[n + 1] = dmu
+            steps.dsig[n + 1] = dsig
+        while k_out < n_out and out_index[k_out] == n + 1:
+            for j in range(n_dir):
+                for k in range(d):
+                    dmean[k_out, k, j] = dmu[k, j]
+                    dvar[k_out, k, j] = dsig[j, k if n_blocks > 1 else 0, 0, 0]
             k_out += 1
     return dmean, dvar, dstat
 
