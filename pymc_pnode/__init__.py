@@ -37,6 +37,7 @@ _LAZY = {
     "DifferentialEquation": "pymc_pnode.differential_equation",
     "probabilistic_solution": "pymc_pnode.pn_solution",
     "irls_fit": "pymc_pnode.classical",
+    "PerturbedSolverWeights": "pymc_pnode.classical",
     "profile_intervals": "pymc_pnode.classical",
     "DiscretizationErrorNormal": "pymc_pnode.likelihoods.discretization",
     "chkrebtii_sample": "pymc_pnode.chkrebtii",

@@ -9,6 +9,7 @@ import pymc_pnode as pn
 from pymc_pnode.classical.irls import irls_fit
 from pymc_pnode.classical.isotonic import isotonic_weights, weight_objective
 from pymc_pnode.classical.profile import CHI2_1_95, profile_intervals
+from pymc_pnode.classical.rk import FixedStepSolver
 
 
 def lorenz(y, t, p):
@@ -211,3 +212,58 @@ def test_bad_input(fhn_ode):
         irls_fit(fhn_ode, data, times, noise_var=0.01, **{**kw, "obs_matrix": [[1.0, 0.0, 0.0]]})
     with pytest.raises(ValueError, match="residuals"):
         isotonic_weights(np.zeros((2, 2, 2)), 1.0)
+
+
+@pytest.mark.parametrize("method, order", [("euler", 1), ("heun", 2), ("rk4", 4)])
+def test_perturbed_solves_spread_at_the_order_of_the_local_error(method, order):
+    """Conrad et al.'s randomised integrator with step-doubling error estimates: zero noise gives the
+    deterministic solve exactly; the spread shrinks like h^(p + 1/2) (perturbations of size h^(p+1) at
+    every one of the 1/h steps add up like a random walk), with the mean on the deterministic solution."""
+    from pymc_pnode._jit import readonly
+    from pymc_pnode.classical.rk import rk_perturbed_forward
+
+    ode = pn.ODE(lambda y, t, p: [y[1], -p[0] * y[0]], n_states=2, n_theta=1)
+    times = np.array([1.0, 2.0])
+    spreads = []
+    for step in (0.02, 0.01):
+        solver = FixedStepSolver(ode, times, method=method, step=step)
+        y0, theta = np.array([1.0, 0.0]), np.array([4.0])
+        quiet = rk_perturbed_forward(ode.rhs, theta, y0, solver.grid, solver.tableau,
+                                     readonly(np.zeros((1, solver.n_steps, 2))))
+        np.testing.assert_array_equal(quiet[0], solver.solve(y0, theta))
+        samples = solver.perturbed_solve(y0, theta, 4000, rng=1)
+        spread = samples.std(axis=0)[-1, 0]
+        assert abs(samples.mean(axis=0)[-1, 0] - solver.solve(y0, theta)[-1, 0]) < 4 * spread / np.sqrt(4000)
+        spreads.append(spread)
+    assert order + 0.3 < np.log2(spreads[0] / spreads[1]) < order + 0.7
+
+
+def test_perturbed_weight_update_fits_lorenz(lorenz_ode):
+    """Remark 3.7: IRLS with error variances from 100 randomised Euler solves. The weights start at their
+    caps (no error at t0), fall as the randomised solves spread, stay positive, and the fit recovers the
+    parameters and is reproducible (the same noise at every update)."""
+    times = np.arange(101) * 0.01
+    theta = np.array([10.0, 28.0, 8.0 / 3.0])
+    y0 = np.array([-10.0, -1.0, 40.0])
+    noise = np.array([0.5, 0.1, 0.1])
+    data = _simulate(lorenz_ode, y0, theta, times, noise, np.eye(3), seed=11)
+    kwargs = dict(noise_var=noise, method="euler", step=2e-3, theta0=[11.0, 29.0, 3.0], y0=[-9.0, -1.5, 39.0],
+                  n_iter=3)
+    perturbed = irls_fit(lorenz_ode, data, times, weights=pn.PerturbedSolverWeights(n_samples=100, seed=3), **kwargs)
+    assert perturbed.converged
+    assert np.all(perturbed.weights <= 1.0 / noise) and np.all(perturbed.weights > 0)
+    np.testing.assert_allclose(perturbed.weights[0], 1.0 / noise)  # no error at t0
+    assert np.all(perturbed.weights[-10:].mean(axis=0) < perturbed.weights[:10].mean(axis=0))
+    np.testing.assert_allclose(perturbed.theta, theta, rtol=0.02)
+    # the last weights are the randomised solves' variances at the estimate they were updated at
+    z = perturbed.problem.expand(perturbed.history.params[-2])
+    spread = FixedStepSolver(lorenz_ode, times, method="euler", step=2e-3).perturbed_solve(
+        z[:3], z[3:], 100, rng=3).var(axis=0, ddof=1)
+    np.testing.assert_allclose(perturbed.weights, 1.0 / (noise + spread), rtol=1e-10)
+    # the same noise on every update: the fit is reproducible
+    again = irls_fit(lorenz_ode, data, times, weights=pn.PerturbedSolverWeights(n_samples=100, seed=3), **kwargs)
+    np.testing.assert_array_equal(again.theta, perturbed.theta)
+    with pytest.raises(ValueError, match="weights"):
+        irls_fit(lorenz_ode, data, times, weights="monotone", **kwargs)
+    with pytest.raises(ValueError, match="n_samples"):
+        pn.PerturbedSolverWeights(n_samples=1)

@@ -7,7 +7,7 @@
 - :mod:`~pymc_pnode.classical.profile`: profile-likelihood confidence intervals for IRLS fits.
 """
 
-from pymc_pnode.classical.irls import IRLSHistory, IRLSResult, irls_fit
+from pymc_pnode.classical.irls import IRLSHistory, IRLSResult, PerturbedSolverWeights, irls_fit
 from pymc_pnode.classical.isotonic import isotonic_weights, weight_objective
 from pymc_pnode.classical.profile import CHI2_1_95, ProfileIntervals, profile_intervals
 from pymc_pnode.classical.rk import METHODS, FixedStepSolver, rk_solve
@@ -18,6 +18,7 @@ __all__ = [
     "FixedStepSolver",
     "IRLSHistory",
     "IRLSResult",
+    "PerturbedSolverWeights",
     "ProfileIntervals",
     "irls_fit",
     "isotonic_weights",

@@ -12,7 +12,9 @@ error variances :math:`\sigma_{k,j}^2` are non-decreasing in k. With weights
 minimised by alternating (i) the closed-form isotonic weight update
 (:func:`~pymc_pnode.classical.isotonic.isotonic_weights`) and (ii) weighted least squares in
 :math:`\theta` by L-BFGS with exact discrete-adjoint gradients. ``n_iter = 0`` is the conventional
-(quasi-maximum-likelihood) baseline with all weights fixed at :math:`1/\gamma_j^2`.
+(quasi-maximum-likelihood) baseline with all weights fixed at :math:`1/\gamma_j^2`. The alternative weight
+update of Remark 3.7 (:class:`PerturbedSolverWeights`) estimates :math:`\sigma_{k,j}^2` from randomised solves
+instead.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pymc_pnode.classical.rk import FixedStepSolver
 from pymc_pnode.estimation import EstimationResult
 from pymc_pnode.validation import validate_noise, validate_obs_matrix
 
-__all__ = ["STATIONARITY_TOL", "IRLSHistory", "IRLSResult", "WeightedLSProblem", "irls_fit"]
+__all__ = ["STATIONARITY_TOL", "IRLSHistory", "IRLSResult", "PerturbedSolverWeights", "WeightedLSProblem", "irls_fit"]
 
 _DEFAULT_LBFGS = {"maxiter": 2000, "ftol": 1e-13, "gtol": 1e-8, "maxcor": 20}
 
@@ -65,6 +67,41 @@ def _data_matrix(data, n_times: int, n_obs: int) -> np.ndarray:
     return y
 
 
+@dataclass(frozen=True)
+class PerturbedSolverWeights:
+    r"""The weight update of Matsuda & Miyatake (2021, Remark 3.7): :math:`\sigma_{k,j}^2` is the sample variance
+    of :math:`H_j x_k` over ``n_samples`` randomised solves at the current parameters (the probabilistic integrator
+    of Conrad et al., 2017, :meth:`~pymc_pnode.classical.rk.FixedStepSolver.perturbed_solve`), and
+    :math:`w_{k,j} = 1/(\gamma_j^2 + \sigma_{k,j}^2)`.
+
+    No monotonicity is imposed; every update costs ``n_samples`` solves at three RK steps per step (the
+    isotonic update costs none). Every update draws the same noise (``seed``): common random numbers make the
+    weights a smooth function of the parameters, so IRLS iterates a deterministic map.
+
+    Parameters
+    ----------
+    n_samples : int, default 100
+        Randomised solves per update (the paper's 100).
+    seed : int, default 0
+        Seed of the solves' noise.
+    """
+
+    n_samples: int = 100
+    seed: int = 0
+
+    def __post_init__(self):
+        if int(self.n_samples) != self.n_samples or self.n_samples < 2:
+            raise ValueError(f"n_samples must be an integer >= 2, got {self.n_samples!r}")
+
+    def weights(self, problem: WeightedLSProblem, z: np.ndarray) -> np.ndarray | None:
+        """Weights at ``z`` (None if a randomised solve diverges)."""
+        y0, theta = problem.split(z)
+        samples = problem.solver.perturbed_solve(y0, theta, self.n_samples, self.seed) @ problem.obs_matrix.T
+        if not np.all(np.isfinite(samples)):
+            return None
+        return 1.0 / (problem.noise_var + samples.var(axis=0, ddof=1))
+
+
 class WeightedLSProblem:
     r"""The weighted least-squares problem behind IRLS, on the stacked vector ``z = [y0, theta]``.
 
@@ -86,9 +123,11 @@ class WeightedLSProblem:
         Which entries are estimated.
     lbfgs_options : dict, optional
         Options of ``scipy.optimize.minimize(method="L-BFGS-B")``.
+    weight_update : PerturbedSolverWeights, optional
+        The weight update; default the isotonic one.
     """
 
-    def __init__(self, solver, data, obs_matrix, noise_var, z, free, lbfgs_options=None):
+    def __init__(self, solver, data, obs_matrix, noise_var, z, free, lbfgs_options=None, weight_update=None):
         self.solver = solver
         self.data = data
         self.obs_matrix = obs_matrix
@@ -96,6 +135,7 @@ class WeightedLSProblem:
         self.z = np.array(z, dtype=np.float64)
         self.free = np.array(free, dtype=bool)
         self.lbfgs_options = {**_DEFAULT_LBFGS, **(lbfgs_options or {})}
+        self.weight_update = weight_update
         self.max_restarts = 3
         self.n_states = solver.n_states
         self.n_evals = 0
@@ -114,7 +154,7 @@ class WeightedLSProblem:
         free = self.free.copy()
         free[index] = False
         sub = WeightedLSProblem(
-            self.solver, self.data, self.obs_matrix, self.noise_var, z, free, self.lbfgs_options
+            self.solver, self.data, self.obs_matrix, self.noise_var, z, free, self.lbfgs_options, self.weight_update
         )
         sub.max_restarts = self.max_restarts
         return sub
@@ -258,7 +298,10 @@ class WeightedLSProblem:
         return float(0.5 * np.sum(proj[keep] ** 2 / vals[keep]))
 
     def weights_at(self, z: np.ndarray) -> np.ndarray | None:
-        """Isotonic weight update at ``z`` (None if the solve diverges)."""
+        """The weight update at ``z``, isotonic unless :attr:`weight_update` says otherwise (None if the solve
+        diverges)."""
+        if self.weight_update is not None:
+            return self.weight_update.weights(self, z)
         r = self.residuals(z)
         return None if r is None else isotonic_weights(r, self.noise_var)
 
@@ -415,10 +458,11 @@ def run_irls(problem: WeightedLSProblem, z_start: np.ndarray, n_iter: int, tol: 
 
     w = None
     g = math.inf
-    for _ in range(n_iter):
+    for iteration in range(n_iter):
         w_new = problem.weights_at(z)
-        if w_new is None:  # cannot happen after a successful update; guard the initial guess
-            raise ValueError("the numerical solution diverges at the initial guess")
+        if w_new is None:  # the solve at the initial guess, or a randomised solve of PerturbedSolverWeights
+            where = "the initial guess" if iteration == 0 else f"the estimate of iteration {iteration}"
+            raise ValueError(f"the weight update failed: a numerical solution diverges at {where}")
         w = w_new
         hist.objective_after_weights.append(problem.objective(z, w))
         z, g_new = fit(w, z)
@@ -447,6 +491,7 @@ def irls_fit(
     alignment: str = "exact",
     tol: float | None = None,
     lbfgs_options: dict | None = None,
+    weights: str | PerturbedSolverWeights = "isotonic",
 ) -> IRLSResult:
     r"""Fit ODE parameters with Matsuda & Miyatake's IRLS (isotonic discretisation-error variances).
 
@@ -497,6 +542,9 @@ def irls_fit(
         exactly ``n_iter`` iterations, as in the paper.
     lbfgs_options : dict, optional
         Options passed to ``scipy.optimize.minimize(method="L-BFGS-B")``.
+    weights : "isotonic" or PerturbedSolverWeights, default "isotonic"
+        The weight update: the closed-form isotonic one (§3.2), or error variances from randomised solves
+        (Remark 3.7, :class:`PerturbedSolverWeights`; its weights need not be monotone).
 
     Returns
     -------
@@ -543,7 +591,12 @@ def irls_fit(
     if not free.any():
         raise ValueError("nothing to estimate: all of y0 and theta are fixed")
     z0 = np.concatenate([y0_arr, theta_arr])
-    problem = WeightedLSProblem(solver, y, h, gamma2, z0, free, lbfgs_options)
+    if not ((isinstance(weights, str) and weights == "isotonic") or isinstance(weights, PerturbedSolverWeights)):
+        raise ValueError(f"weights must be 'isotonic' or a PerturbedSolverWeights, got {weights!r}")
+    if isinstance(weights, PerturbedSolverWeights) and method == "stormer_verlet":
+        raise ValueError("weights=PerturbedSolverWeights(...) needs an explicit Runge–Kutta method, not stormer_verlet")
+    update = weights if isinstance(weights, PerturbedSolverWeights) else None
+    problem = WeightedLSProblem(solver, y, h, gamma2, z0, free, lbfgs_options, update)
     if problem.residuals(z0) is None:
         raise ValueError("the numerical solution diverges at the initial guess (theta0, y0)")
 

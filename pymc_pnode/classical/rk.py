@@ -48,6 +48,7 @@ __all__ = [
     "FixedStepSolver",
     "rk_backward",
     "rk_forward",
+    "rk_perturbed_forward",
     "rk_solve",
 ]
 
@@ -119,6 +120,19 @@ def _rk_stages(rhs, p, x, t, h, tableau, work):
         rhs(xb, t + c[i] * h, p, fb)
         for m in range(d):
             ks[i, m] = fb[m]
+
+
+@nb.njit(inline="always", **JIT)
+def _rk_step(rhs, p, x, t, h, tableau, work, out):
+    """``out = x + h Σ_i b_i k_i``: one explicit RK step from ``x`` at ``t`` (``out`` may be ``x``)."""
+    b = tableau.b
+    ks = work.ks
+    _rk_stages(rhs, p, x, t, h, tableau, work)
+    for j in range(x.shape[0]):
+        acc = x[j]
+        for st in range(b.shape[0]):
+            acc += h * b[st] * ks[st, j]
+        out[j] = acc
 
 
 @nb.njit(inline="always", **JIT)
@@ -237,7 +251,7 @@ def rk_forward(rhs, p, y0, grid, scheme, tableau):
     remaining rows are NaN.
     """
     t0, times, nsub, hsub = grid
-    b, c = tableau.b, tableau.c
+    c = tableau.c
     d = y0.shape[0]
     n_obs = times.shape[0]
     n_total = 0
@@ -260,12 +274,7 @@ def rk_forward(rhs, p, y0, grid, scheme, tableau):
         for i in range(nsub[k]):
             t = t_start + i * h
             if scheme == _SCHEME_RK:
-                _rk_stages(rhs, p, x, t, h, tableau, work)
-                for j in range(d):
-                    acc = x[j]
-                    for st in range(s):
-                        acc += h * b[st] * ks[st, j]
-                    x[j] = acc
+                _rk_step(rhs, p, x, t, h, tableau, work, x)
             else:
                 _sv_stages(rhs, p, x, t, h, work)
                 for j in range(m):
@@ -282,6 +291,48 @@ def rk_forward(rhs, p, y0, grid, scheme, tableau):
             ys[k, j] = x[j]
         t_start = times[k]
     return ys, traj, True
+
+
+_R3 = nb.types.Array(nb.float64, 3, "C", readonly=True)
+_PERTURBED_SIG = (VEC_FN, _W1, _R1, _GRID_T, _TABLEAU_T, _R3)
+
+
+@compile_on_first_use(_PERTURBED_SIG, **JIT)
+def rk_perturbed_forward(rhs, p, y0, grid, tableau, noise):
+    """Randomised solves of an explicit RK method (Conrad, Girolami, Särkkä, Stuart & Zygalakis, 2017):
+    ``x_{n+1} = Ψ_h(x_n) + e_n ⊙ ξ_n`` with ``ξ_n`` the standard normal draws ``noise[s, n]`` and ``e_n`` the
+    step's local error estimate by step doubling, ``|Ψ_h(x_n) − Ψ_{h/2}(Ψ_{h/2}(x_n))|`` per component.
+
+    Returns the states at ``grid.times`` of every sample, ``(S, K, d)`` (NaN after a divergence).
+    """
+    t0, times, nsub, hsub = grid
+    n_samples = noise.shape[0]
+    d = y0.shape[0]
+    n_obs = times.shape[0]
+    ys = np.full((n_samples, n_obs, d), np.nan)
+    work = rk_adjoint_work(tableau.c.shape[0], d, 0)
+    x, full, half = np.empty(d), np.empty(d), np.empty(d)
+    for smp in range(n_samples):
+        x[:] = y0
+        n = 0
+        t_start = t0
+        finite = True
+        for k in range(n_obs):
+            h = hsub[k]
+            for i in range(nsub[k]):
+                t = t_start + i * h
+                _rk_step(rhs, p, x, t, h, tableau, work, full)
+                _rk_step(rhs, p, x, t, 0.5 * h, tableau, work, half)
+                _rk_step(rhs, p, half, t + 0.5 * h, 0.5 * h, tableau, work, half)
+                for j in range(d):
+                    x[j] = full[j] + abs(full[j] - half[j]) * noise[smp, n, j]
+                n += 1
+            finite = all_finite(x)
+            if not finite:
+                break
+            ys[smp, k] = x
+            t_start = times[k]
+    return ys
 
 
 _BACKWARD_SIG = (VEC_FN, MAT_FN, MAT_FN, _W1, _R2, _GRID_T, nb.int64, _TABLEAU_T, _R2)
@@ -503,6 +554,20 @@ class FixedStepSolver:
         """Raw adjoint pass: ``(dL/dy0, dL/dtheta)`` for the cotangent ``g_obs = dL/dys``."""
         return rk_backward(self.ode.rhs, self.ode.jac_y, self.ode.jac_p, theta, traj, self.grid, self.scheme,
                            self.tableau, g_obs)
+
+    def perturbed_solve(self, y0, theta, n_samples: int, rng=None) -> np.ndarray:
+        """``n_samples`` randomised solutions at ``times``, shape ``(n_samples, K, n_states)``.
+
+        The probabilistic integrator of Conrad et al. (2017): every step adds Gaussian noise whose standard
+        deviation is the step's local error estimate by step doubling (Matsuda & Miyatake, 2021, footnote 2
+        of §4.1.2). NaN rows after a divergence. Not for Störmer–Verlet.
+        """
+        if self.scheme != _SCHEME_RK:
+            raise ValueError(f"perturbed solves need an explicit Runge–Kutta method, got method={self.method!r}")
+        y0 = self.ode.validate_y0(y0)
+        theta = self.ode.validate_theta(theta)
+        noise = np.random.default_rng(rng).standard_normal((int(n_samples), self.n_steps, self.n_states))
+        return rk_perturbed_forward(self.ode.rhs, theta, y0, self.grid, self.tableau, readonly(noise))
 
     def solve(self, y0, theta=None) -> np.ndarray:
         """States at ``times``, shape ``(K, n_states)`` (NaN rows after a divergence).
