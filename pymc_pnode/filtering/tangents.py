@@ -66,6 +66,63 @@ _TANGENTS_SIG = (VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, nb.float64[::1], _STORE
                  nb.boolean)
 
 
+# The vector field and its first and second derivatives at one point (work arrays of :func:`evaluate_field`).
+FieldValues = namedtuple("FieldValues", ["xi", "fx", "jac", "jp", "hyy", "hyp"])
+
+
+@nb.njit(**INLINE_JIT)
+def field_values(d: int, n_theta: int) -> FieldValues:
+    return FieldValues(np.empty(d), np.empty(d), np.empty((d, d)), np.empty((d, n_theta)), np.empty((d, d, d)),
+                       np.empty((d, d, n_theta)))
+
+
+@nb.njit(**INLINE_JIT)
+def evaluate_field(rhs, jac_y, jac_p, hess_yy, hess_yp, p, t, mu_pred, ek1, out):
+    """``f``, ``∂f/∂y``, ``∂f/∂θ`` (and for the EK1 the second derivatives) at ``ξ = E0 μ⁻``, into ``out``."""
+    xi = out.xi
+    for k in range(xi.shape[0]):
+        xi[k] = mu_pred[k]
+    rhs(xi, t, p, out.fx)
+    jac_y(xi, t, p, out.jac)
+    jac_p(xi, t, p, out.jp)
+    if ek1:  # (the EK0 does not call the second derivatives)
+        hess_yy(xi, t, p, out.hyy)
+        hess_yp(xi, t, p, out.hyp)
+
+
+@nb.njit(**INLINE_JIT)
+def record_initial_outputs(out_index: np.ndarray, dmu: np.ndarray, d: int, dmean: np.ndarray) -> int:
+    """The initial mean's tangent at the output steps at grid point 0 (its covariance is 0); the next output."""
+    k_out = 0
+    while k_out < out_index.shape[0] and out_index[k_out] == 0:
+        for k in range(d):
+            dmean[k_out, k] = dmu[k]
+        k_out += 1
+    return k_out
+
+
+@nb.njit(**INLINE_JIT)
+def finish_step(n: int, steps, out_index: np.ndarray, k_out: int, dmu: np.ndarray, dsig: np.ndarray,
+                dmean: np.ndarray, dvar: np.ndarray) -> int:
+    """After the update at grid point ``n``: keep the tangents in ``steps`` if it has room, and record those of
+    ``E0 μ`` and of the variances at the output steps at ``n``; returns the next output. ``dsig`` is dense
+    ``(P, D, D)`` or per block ``(P, n_blocks, q + 1, q + 1)`` (the rank decides, at compile time)."""
+    if steps.dmu.shape[0] > 1:
+        steps.dmu[n] = dmu
+        steps.dsig[n] = dsig
+    d = dmean.shape[1]
+    while k_out < out_index.shape[0] and out_index[k_out] == n:
+        for j in range(dmean.shape[2]):
+            for k in range(d):
+                dmean[k_out, k, j] = dmu[k, j]
+                if dsig.ndim == 3:
+                    dvar[k_out, k, j] = dsig[j, k, k]
+                else:
+                    dvar[k_out, k, j] = dsig[j, k if dsig.shape[1] > 1 else 0, 0, 0]
+        k_out += 1
+    return k_out
+
+
 # One Kalman update with its linearisation, as the tangents read it: Σ⁻, H, Σ⁻Hᵀ, K = Σ⁻HᵀS⁻¹, S⁻¹, B = I − KH,
 # Σ = BΣ⁻Bᵀ, the residual ẑ and S⁻¹ẑ.
 LinearisedUpdate = namedtuple("LinearisedUpdate", ["sig_pred", "h", "ph", "gain", "s_inv", "b", "sig_post", "z",
@@ -118,7 +175,6 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
     q = rq.shape[0] - 1
     dd = mus.shape[1]
     d = dd // (q + 1)
-    keep = steps.dmu.shape[0] > 1
     n_dir = steps.dmu.shape[2]
     n_out = out_index.shape[0]
     dmean = np.zeros((n_out, d, n_dir))
@@ -129,20 +185,11 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
     a_mat = np.zeros((dd, dd))
     q_mat = np.zeros((dd, dd))
     step = np.empty((3, q + 1))
-    xi = np.empty(d)
-    fx = np.empty(d)
-    jac = np.empty((d, d))
-    jp = np.empty((d, p.shape[0]))
-    hyy = np.empty((d, d, d))
-    hyp = np.empty((d, d, p.shape[0]))
+    field = field_values(d, p.shape[0])
+    fx, jac, jp, hyy, hyp = field.fx, field.jac, field.jp, field.hyy, field.hyp
     h_mat = np.zeros((d, dd))
     dh = np.zeros((d, dd))
-    k_out = 0
-    while k_out < n_out and out_index[k_out] == 0:
-        for j in range(n_dir):
-            for k in range(d):
-                dmean[k_out, k, j] = dmu[k, j]
-        k_out += 1
+    k_out = record_initial_outputs(out_index, dmu, d, dmean)
     for n in range(ts.shape[0] - 1):
         h = ts[n + 1] - ts[n]
         t_new = ts[n + 1]
@@ -151,14 +198,7 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
         sig = rs[n].T @ rs[n]
         sig_pred = a_mat @ sig @ a_mat.T + kappas[n + 1] * q_mat
         mu_pred = a_mat @ mus[n]
-        for k in range(d):
-            xi[k] = mu_pred[k]
-        rhs(xi, t_new, p, fx)
-        jac_y(xi, t_new, p, jac)
-        jac_p(xi, t_new, p, jp)
-        if ek1:
-            hess_yy(xi, t_new, p, hyy)
-            hess_yp(xi, t_new, p, hyp)
+        evaluate_field(rhs, jac_y, jac_p, hess_yy, hess_yp, p, t_new, mu_pred, ek1, field)
         z = mu_pred[d:2 * d] - fx
         for k in range(d):
             for c in range(dd):
@@ -189,15 +229,7 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
             for c in range(dd):
                 dmu[c, j] = new_dmu[c]
             dstat[j] += dstat_j
-        if keep:
-            steps.dmu[n + 1] = dmu
-            steps.dsig[n + 1] = dsig
-        while k_out < n_out and out_index[k_out] == n + 1:
-            for j in range(n_dir):
-                for k in range(d):
-                    dmean[k_out, k, j] = dmu[k, j]
-                    dvar[k_out, k, j] = dsig[j, k, k]
-            k_out += 1
+        k_out = finish_step(n + 1, steps, out_index, k_out, dmu, dsig, dmean, dvar)
     return dmean, dvar, dstat
 
 
@@ -224,7 +256,6 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
     dd = mus.shape[1]
     d = dd // q1
     n_blocks = rs.shape[1]
-    keep = steps.dmu.shape[0] > 1
     n_dir = steps.dmu.shape[2]
     n_out = out_index.shape[0]
     dmean = np.zeros((n_out, d, n_dir))
@@ -239,23 +270,14 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
     mu_pred = np.empty(dd)
     dmu_pred = np.empty((dd, n_dir))
     dmu_col, pred_col = np.empty(dd), np.empty(dd)
-    xi = np.empty(d)
-    fx = np.empty(d)
-    jac = np.empty((d, d))
-    jp = np.empty((d, p.shape[0]))
-    hyy = np.empty((d, d, d))
-    hyp = np.empty((d, d, p.shape[0]))
+    field = field_values(d, p.shape[0])
+    fx, jac, jp, hyy, hyp = field.fx, field.jac, field.jp, field.hyy, field.hyp
     h_row = np.zeros((1, q1))
     dh = np.zeros((1, q1))
     z = np.empty(1)
     dz = np.empty(1)
     block_dmu = np.empty(q1)
-    k_out = 0
-    while k_out < n_out and out_index[k_out] == 0:
-        for j in range(n_dir):
-            for k in range(d):
-                dmean[k_out, k, j] = dmu[k, j]
-        k_out += 1
+    k_out = record_initial_outputs(out_index, dmu, d, dmean)
     for n in range(ts.shape[0] - 1):
         t_new = ts[n + 1]
         set_step(ts[n + 1] - ts[n], 1.0, q, step)
@@ -267,14 +289,7 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
             apply_transition(step, q, d, dmu_col, pred_col)
             for k in range(dd):
                 dmu_pred[k, j] = pred_col[k]
-        for k in range(d):
-            xi[k] = mu_pred[k]
-        rhs(xi, t_new, p, fx)
-        jac_y(xi, t_new, p, jac)
-        jac_p(xi, t_new, p, jp)
-        if ek1:
-            hess_yy(xi, t_new, p, hyy)
-            hess_yp(xi, t_new, p, hyp)
+        evaluate_field(rhs, jac_y, jac_p, hess_yy, hess_yp, p, t_new, mu_pred, ek1, field)
         new_dsig = np.zeros((n_dir, n_blocks, q1, q1))
         for i in range(d):
             b = i if n_blocks > 1 else 0
@@ -307,15 +322,7 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
                 dstat[j] += dstat_j
         dmu[:, :] = new_dmu
         dsig = new_dsig
-        if keep:
-            steps.dmu[n + 1] = dmu
-            steps.dsig[n + 1] = dsig
-        while k_out < n_out and out_index[k_out] == n + 1:
-            for j in range(n_dir):
-                for k in range(d):
-                    dmean[k_out, k, j] = dmu[k, j]
-                    dvar[k_out, k, j] = dsig[j, k if n_blocks > 1 else 0, 0, 0]
-            k_out += 1
+        k_out = finish_step(n + 1, steps, out_index, k_out, dmu, dsig, dmean, dvar)
     return dmean, dvar, dstat
 
 
