@@ -1,5 +1,5 @@
 """Diffusion-tempering paper (Beck et al., ICML 2024), Table 1: pendulum (1 parameter) and
-Lotka-Volterra (2 parameters), notes 002 §10.4-10.5. Used by ``fenrir_dt_table1.ipynb``.
+Lotka-Volterra (2 and 4 parameters), notes 002 §10.4-10.5. Used by ``fenrir_dt_table1.ipynb``.
 
 For every random initialisation (drawn uniformly from the parameter box) these estimators are run:
 
@@ -74,6 +74,15 @@ def _lotka_volterra_np(t, y, p):
     return [p[0] * y[0] - p[1] * y[0] * y[1], 1.0 * y[0] * y[1] - 3.0 * y[1]]
 
 
+def _lotka_volterra4(y, t, p):
+    # θ = (α, β, γ, δ)
+    return [p[0] * y[0] - p[1] * y[0] * y[1], p[3] * y[0] * y[1] - p[2] * y[1]]
+
+
+def _lotka_volterra4_np(t, y, p):
+    return [p[0] * y[0] - p[1] * y[0] * y[1], p[3] * y[0] * y[1] - p[2] * y[1]]
+
+
 PROBLEMS = {
     "PD": dict(
         name="Pendulum", func=_pendulum, func_np=_pendulum_np, y0=np.array([np.pi / 4, 0.0]),
@@ -85,6 +94,12 @@ PROBLEMS = {
         y0=np.array([1.0, 1.0]), t_end=20.0, H=np.array([[1.0, 0.0]]),
         theta_true=np.array([1.5, 1.0]), names=["alpha", "beta"],
         lb=np.array([1e-3, 1e-3]), ub=np.array([5.0, 5.0]),
+    ),
+    "LV4": dict(
+        name="Lotka-Volterra, 4 parameters", func=_lotka_volterra4, func_np=_lotka_volterra4_np,
+        y0=np.array([1.0, 1.0]), t_end=20.0, H=np.array([[1.0, 0.0]]),
+        theta_true=np.array([1.5, 1.0, 3.0, 1.0]), names=["alpha", "beta", "gamma", "delta"],
+        lb=np.full(4, 1e-3), ub=np.full(4, 5.0),
     ),
 }
 
@@ -313,13 +328,16 @@ def _backtracking(phi, phi0, dphi0, *, alpha=1.0, alpha_min=0.0, c1=1e-4, rho_hi
             a_new = -dphi0 * a**2 / (2.0 * r)
         else:  # cubic through φ(0), φ'(0), φ(α_prev), φ(α)
             r_prev = p_prev - phi0 - dphi0 * a_prev
-            div = 1.0 / (a_prev**2 * a**2 * (a - a_prev))
-            ca = (a_prev**2 * r - a**2 * r_prev) * div
-            cb = (-(a_prev**3) * r + a**3 * r_prev) * div
-            if abs(ca) <= np.finfo(float).eps:
-                a_new = -dphi0 / (2.0 * cb)
-            else:
-                a_new = (-cb + np.sqrt(max(cb**2 - 3.0 * ca * dphi0, 0.0))) / (3.0 * ca)
+            # IEEE arithmetic as in Julia: a denominator that underflows to 0 gives inf/NaN, and a
+            # non-finite interpolant falls back below (Python floats would raise ZeroDivisionError)
+            with np.errstate(all="ignore"):
+                div = np.float64(1.0) / (np.float64(a_prev) ** 2 * a**2 * (a - a_prev))
+                ca = (a_prev**2 * r - a**2 * r_prev) * div
+                cb = (-(a_prev**3) * r + a**3 * r_prev) * div
+                if abs(ca) <= np.finfo(float).eps:
+                    a_new = -dphi0 / (2.0 * cb)
+                else:
+                    a_new = (-cb + np.sqrt(max(cb**2 - 3.0 * ca * dphi0, 0.0))) / (3.0 * ca)
         a_prev, p_prev = a, p
         # a NaN interpolant (non-finite φ) falls back to the largest allowed reduction, as in Julia
         a = max(min(a_new, rho_hi * a) if np.isfinite(a_new) else rho_hi * a, rho_lo * a)
