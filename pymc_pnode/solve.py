@@ -266,7 +266,9 @@ class ProbabilisticSolution:
                                SmoothedRun(readonly(mus_s), readonly(rs_s)))
                 for (states, mus, rs), (mus_s, rs_s, _) in zip(self._groups, self._smoothing)]
 
-    def smoothing_tangents(self, steps: StepTangents | None = None, joint: bool = True):
+    def smoothing_tangents(
+        self, steps: StepTangents | None = None, joint: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:func:`~pymc_pnode.filtering.tangents.smoothing_tangents` for the whole solve, group by group.
 
         ``steps`` are the filter's tangents at every grid point (``dsig`` in the shape of the run's roots);
@@ -295,10 +297,9 @@ class ProbabilisticSolution:
             g_mean, g_var, g_cov, g_dcov = smoothing_tangents(group.run, group.smoothed, group_steps, rq, joint)
             dmean[:, states], dvar[:, states] = g_mean, g_var
             if joint:
-                for i, state_i in enumerate(states):
-                    for j, state_j in enumerate(states):
-                        cov[:, state_i, :, state_j] = g_cov[:, i, :, j]
-                        dcov[:, state_i, :, state_j] = g_dcov[:, i, :, j]
+                every = np.arange(n_out)
+                block_of_states = np.ix_(every, states, every, states)
+                cov[block_of_states], dcov[block_of_states] = g_cov, g_dcov
         return dmean, dvar, cov, dcov
 
     def joint_cov(self) -> np.ndarray:

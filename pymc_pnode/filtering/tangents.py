@@ -72,6 +72,7 @@ FieldValues = namedtuple("FieldValues", ["xi", "fx", "jac", "jp", "hyy", "hyp"])
 
 @nb.njit(**INLINE_JIT)
 def field_values(d: int, n_theta: int) -> FieldValues:
+    """Work arrays of :func:`evaluate_field` for ``d`` states and ``n_theta`` parameters."""
     return FieldValues(np.empty(d), np.empty(d), np.empty((d, d)), np.empty((d, n_theta)), np.empty((d, d, d)),
                        np.empty((d, d, n_theta)))
 
