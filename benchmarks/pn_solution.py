@@ -1,0 +1,87 @@
+"""Cost of ``pn.probabilistic_solution``'s outputs: filtering and smoothed marginals, the covariance across times.
+
+FitzHugh–Nagumo (the benchmark problem of ``docs/benchmarks.md``: y0 = (-1, 1), θ = (0.2, 0.2, 3), EK1(3)), both
+states observed at t = 1, 2, …, 20 with Gaussian noise sd 0.1. Value and gradient (w.r.t. y0 and θ, compiled
+PyTensor function, default mode) of four Gaussian log-likelihoods at the true parameters:
+
+* ``filter``: ``N(mean, σ² + std²)`` per observation, filtering marginals (``smooth=False``, the default);
+* ``smooth``: the same with the smoothing posterior's marginals (``smooth=True``);
+* ``joint``: ``N(mean.ravel(), σ² I + cov)`` with the covariance across times (``smooth=True, joint_cov=True``);
+* ``fenrir``: ``pn.fenrir_loglik(..., diffusion="global")``, the same number as ``joint`` (tested to 1e-10)
+  by a backward Kalman filter.
+
+At a fixed step 0.05 and with error control (rtol 1e-6, atol 1e-9, the defaults of ``probabilistic_solution``).
+Medians over ``--repeats`` calls, the four functions taking turns.
+
+Run: ``python benchmarks/pn_solution.py [--repeats 50]``; prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+
+import pymc_pnode as pn
+
+Y0, THETA, SIGMA = np.array([-1.0, 1.0]), np.array([0.2, 0.2, 3.0]), 0.1
+TIMES = np.arange(1.0, 20.5, 1.0)
+
+
+def fitzhugh_nagumo(y, t, p):
+    return [p[2] * (y[0] - y[0] ** 3 / 3 + y[1]), -(y[0] - p[0] + p[1] * y[1]) / p[2]]
+
+
+def functions(ode, data, step):
+    """The four compiled ``(value, grad_y0, grad_theta)`` functions at one step setting."""
+    kwargs = dict(step=step) if step is not None else {}
+    out = {}
+    for name in ("filter", "smooth", "joint", "fenrir"):
+        y0, theta = pt.dvector("y0"), pt.dvector("theta")
+        if name == "fenrir":
+            value = pn.fenrir_loglik(ode, y0, theta, TIMES, data, obs_sigma=SIGMA, diffusion="global",
+                                     rtol=1e-6, atol=1e-9, **kwargs)
+        elif name == "joint":
+            mean, _, cov = pn.probabilistic_solution(ode, y0, theta, TIMES, smooth=True, joint_cov=True, **kwargs)
+            value = pm.logp(pm.MvNormal.dist(mean.ravel(), cov + SIGMA**2 * np.eye(data.size)), data.ravel())
+        else:
+            mean, std = pn.probabilistic_solution(ode, y0, theta, TIMES, smooth=name == "smooth", **kwargs)
+            value = pm.logp(pm.Normal.dist(mean, pt.sqrt(SIGMA**2 + std**2)), data).sum()
+        out[name] = pytensor.function([y0, theta], [value, *pt.grad(value, [y0, theta])])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    ode = pn.ODE(fitzhugh_nagumo, n_states=2, n_theta=3)
+    truth = pn.solve(ode, Y0, THETA, (0.0, 20.0), save_at=TIMES, step=0.005).mean
+    data = truth + SIGMA * np.random.default_rng(0).standard_normal(truth.shape)
+    print(f"Python {platform.python_version()}, numpy {np.__version__}, pymc {pm.__version__}, "
+          f"{platform.machine()}; medians over {args.repeats} calls\n")
+    print("| step | output | log-likelihood | logp+grad (ms) | × filter |")
+    print("|---|---|---|---|---|")
+    for step in (0.05, None):
+        fns = functions(ode, data, step)
+        values = {name: float(f(Y0, THETA)[0]) for name, f in fns.items()}  # also compiles the kernels
+        times = {name: [] for name in fns}
+        for _ in range(args.repeats):
+            for name, f in fns.items():
+                t0 = time.perf_counter()
+                f(Y0, THETA)
+                times[name].append(time.perf_counter() - t0)
+        base = np.median(times["filter"])
+        for name in fns:
+            med = np.median(times[name])
+            label = f"{step}" if step is not None else "error control"
+            print(f"| {label} | {name} | {values[name]:.6f} | {1e3 * med:.3f} | {med / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
