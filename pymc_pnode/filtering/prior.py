@@ -24,29 +24,12 @@ from pymc_pnode._jit import INLINE_JIT
 
 
 @nb.njit(**INLINE_JIT)
-def preconditioner(h: float, q: int, out: np.ndarray) -> None:
-    """``T(h)_i = sqrt(h) h^(q-i) / (q-i)!`` for ``i = 0..q``."""
+def set_step(h: float, kappa: float, q: int, step: np.ndarray) -> None:
+    """Write the step array of step ``h`` and diffusion ``kappa`` (see the module docstring): ``a_k = h^k / k!``
+    and ``T(h)_k = sqrt(h) h^(q-k) / (q-k)!``."""
     sq = math.sqrt(h)
-    for i in range(q + 1):
-        k = q - i
-        out[i] = sq * h**k / math.gamma(k + 1.0)
-
-
-@nb.njit(**INLINE_JIT)
-def transition_coefficients(h: float, q: int, out: np.ndarray) -> None:
-    """``out[k] = h^k / k!``: the IWP transition is ``A_ij = out[j - i]`` for ``j >= i``."""
     c = 1.0
     for k in range(q + 1):
-        out[k] = c
-        c *= h / (k + 1.0)
-
-
-@nb.njit(**INLINE_JIT)
-def set_step(h: float, kappa: float, q: int, step: np.ndarray) -> None:
-    """Write the step array of step ``h`` and diffusion ``kappa`` (see the module docstring)."""
-    sq = math.sqrt(h)
-    c = 1.0
-    for k in range(q + 1):  # the loops of transition_coefficients and preconditioner, without row views
         step[0, k] = c
         c *= h / (k + 1.0)
         step[1, k] = sq * h ** (q - k) / math.gamma(q - k + 1.0)
