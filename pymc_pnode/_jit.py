@@ -22,6 +22,9 @@ JIT = dict(cache=True, error_model="numpy", nogil=True)
 # their Python entry wrappers): no call overhead for the dozen array-passing calls per step, and the
 # kernels' fixed sizes reach the helpers' loops. It makes the Fenrir logp + gradient ≈ 1.5× faster, at ≈ 65 s
 # more cold compile time for a FitzHugh–Nagumo kernel (117 against 50 s; benchmarks/results/compile_profile.md).
+# numba compiles each force-inlined function on its own as well, to machine code that is never called; the
+# large phases that a kernel calls once (the forward pass) are therefore inlined at numba's IR level
+# (``inline="always"``), which skips that compile (the Fenrir kernel: 109 → 71 s, same run time).
 INLINE_JIT = dict(JIT, fastmath={"contract"}, forceinline=True)
 
 # Held by every compile-on-first-use path (generated vector-field modules, the Fenrir kernels, deferred

@@ -219,23 +219,28 @@ def _data_filter_adjoint(
     return dep, True
 
 
-@nb.njit(**INLINE_JIT)
-def data_phase(roots: np.ndarray, run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments, rq: np.ndarray, q: int,
-               d: int, terms: np.ndarray, grad_sigma: np.ndarray) -> tuple[Deposits, bool]:
+@nb.njit(inline="always", **INLINE_JIT)
+def _dense_data_phase(run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments, rq: np.ndarray, q: int, d: int,
+                      terms: np.ndarray, grad_sigma: np.ndarray) -> tuple[Deposits, bool]:
     """The backward Kalman filter on the data (``terms``) and, with ``args.want_grad``, its adjoint: the
     deposits on the ODE filter's ``(μ_n, Σ_n)`` (noise-scale adjoints added to ``grad_sigma``). Returns
-    ``(deposits, ok)``; ``ok`` is False if a value is not finite or an update singular. Any structure
-    (``roots`` = ``run.r``, whose rank is the structure): a block-diagonal (or isotropic) posterior is a
-    product over the states given the means, so each state runs the dense data filter on its own block with
-    the observation rows that select it.
+    ``(deposits, ok)``; ``ok`` is False if a value is not finite or an update singular. Dense roots.
     """
-    if roots.ndim == 3:
-        dd = (q + 1) * d
-        model = observation_model(args.data, args.cmat, args.sigma, args.sigma_dir)
-        store, finite = _data_filter(run, obs_at, model, rq, q, d, terms, args.want_grad)
-        if not (finite and args.want_grad):
-            return Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), np.zeros(0), np.zeros((0, dd, dd))), finite
-        return _data_filter_adjoint(run, store, obs_at, model, args.cotangent, rq, q, d, grad_sigma)
+    dd = (q + 1) * d
+    model = observation_model(args.data, args.cmat, args.sigma, args.sigma_dir)
+    store, finite = _data_filter(run, obs_at, model, rq, q, d, terms, args.want_grad)
+    if not (finite and args.want_grad):
+        return Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), np.zeros(0), np.zeros((0, dd, dd))), finite
+    return _data_filter_adjoint(run, store, obs_at, model, args.cotangent, rq, q, d, grad_sigma)
+
+
+@nb.njit(inline="always", **INLINE_JIT)
+def _block_data_phase(run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments, rq: np.ndarray, q: int, d: int,
+                      terms: np.ndarray, grad_sigma: np.ndarray) -> tuple[Deposits, bool]:
+    """:func:`_dense_data_phase` for block-diagonal (or isotropic) roots: the posterior is a product over the
+    states given the means, so each state runs the dense data filter on its own block with the observation rows
+    that select it.
+    """
     grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa, local_kappa = run
     n_pts, n_blocks = r.shape[0], r.shape[1]
     q1 = q + 1
@@ -441,8 +446,8 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
     The sizes are closure constants, so numba compiles (and caches on disk) one kernel per
     ``(q, n_states)``: with the helpers inlined (``_jit.INLINE_JIT``), LLVM sees fixed trip counts in every
     small dense loop, unrolls them and, with ``slp_vectorization``, turns them into vector
-    instructions. Compiling a new ``(q, n_states)`` takes ≈ 2 min once (117 s for ``(3, 2)`` into an empty
-    cache on the development machine, 2026-11-26). The gain is in small systems; a kernel of its own for
+    instructions. Compiling a new ``(q, n_states)`` takes ≈ 1 min once (71 s for ``(3, 2)`` into an empty
+    cache on the development machine, 2026-11-27). The gain is in small systems; a kernel of its own for
     every larger ``d`` would make each new model size pay that compile (``n_states = 0``: ``d`` is read
     from ``y0`` at run time).
     """
@@ -530,7 +535,10 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
         # (with the gradient, part 1 of the reverse sweep too: the adjoint of the backward Kalman filter, forward in
         # time, deposits on the ODE filter's (μ_n, Σ_n))
         kdir = grad.shape[0] - 1
-        dep, finite = data_phase(run.r, run, obs_at, args, rq, q, d, terms, grad[d + k:kdir])
+        if r0.ndim == 2:  # the structure (a compile-time branch: r0 is an argument)
+            dep, finite = _dense_data_phase(run, obs_at, args, rq, q, d, terms, grad[d + k:kdir])
+        else:
+            dep, finite = _block_data_phase(run, obs_at, args, rq, q, d, terms, grad[d + k:kdir])
         if not finite:
             return terms, grad, False, info, stops[:1]
         if not args.want_grad:

@@ -86,7 +86,7 @@ def allocate_run(cap: int, q: int, d: int, keep: bool, r0: np.ndarray) -> Forwar
     )
 
 
-@nb.njit(**INLINE_JIT)
+@nb.njit(inline="always", **INLINE_JIT)
 def _grow_run(run: ForwardRun, cap: int, keep: bool) -> ForwardRun:
     grid, stop = grow_rows(run.grid, cap), grow_rows(run.stop, cap)
     mu, r = grow_rows(run.mu, cap), grow_rows(run.r, cap)
@@ -106,7 +106,7 @@ def _truncate_run(run: ForwardRun, n_pts: int, keep: bool) -> ForwardRun:
                       run.local_kappa[:n_pts])
 
 
-@nb.njit(**INLINE_JIT)
+@nb.njit(inline="always", **INLINE_JIT)
 def forward_pass(
     field: VectorField, mu0: np.ndarray, r0: np.ndarray, rq: np.ndarray, q: int, d: int, diffusion: Diffusion,
     control: Stepping, stops: np.ndarray, keep: bool,
