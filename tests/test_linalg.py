@@ -8,6 +8,7 @@ from pymc_pnode._jit import slp_vectorization
 from pymc_pnode.filtering.linalg import (
     copy_transposed,
     matmul,
+    matmul_nt,
     matmul_tn,
     solve_gram_inplace,
     tria_cols_inplace,
@@ -41,7 +42,7 @@ def test_tria_cols_of_a_rank_deficient_stack_keeps_the_gram_matrix():
 
 
 @pytest.mark.parametrize("n, k, m", [(8, 8, 8), (6, 7, 9), (12, 12, 12), (3, 5, 2), (10, 4, 13)])
-def test_matmul_and_matmul_tn_match_numpy(n, k, m):
+def test_matmul_and_its_transposed_variants_match_numpy(n, k, m):
     rng = np.random.default_rng(n + 10 * k + 100 * m)
     a = rng.standard_normal((n, k))
     b = rng.standard_normal((k, m))
@@ -51,6 +52,9 @@ def test_matmul_and_matmul_tn_match_numpy(n, k, m):
     at = np.ascontiguousarray(a.T)
     out[:] = 0.0
     matmul_tn(at, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-13, atol=1e-13)
+    out[:] = 0.0
+    matmul_nt(a, np.ascontiguousarray(b.T), out)
     np.testing.assert_allclose(out, a @ b, rtol=1e-13, atol=1e-13)
 
 

@@ -191,3 +191,9 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 def matmul_tn(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """``out = aᵀ @ b`` without allocation (:func:`matmul` on the transposed view)."""
     matmul(a.T, b, out)
+
+
+@nb.njit(**INLINE_JIT)
+def matmul_nt(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``out = a @ bᵀ`` without allocation (:func:`matmul` on the transposed view)."""
+    matmul(a, b.T, out)

@@ -68,6 +68,27 @@ def apply_transition_t(step: np.ndarray, q: int, d: int, v: np.ndarray, out: np.
 
 
 @nb.njit(**INLINE_JIT)
+def congruence(step: np.ndarray, q: int, d: int, x: np.ndarray, work: np.ndarray, out: np.ndarray) -> None:
+    """``out = A(h) X A(h)ᵀ`` (``work`` is ``(D, D)``), in ``O(q D²)``: ``A(h)`` acts on each state's
+    ``q + 1`` derivatives (``A[i d + k, j d + k] = a_(j-i)`` for ``j ≥ i``)."""
+    dd = (q + 1) * d
+    for i in range(q + 1):
+        for k in range(d):
+            for c in range(dd):
+                s = 0.0
+                for j in range(i, q + 1):
+                    s += step[0, j - i] * x[j * d + k, c]
+                work[i * d + k, c] = s
+    for row in range(dd):
+        for i in range(q + 1):
+            for k in range(d):
+                s = 0.0
+                for j in range(i, q + 1):
+                    s += work[row, j * d + k] * step[0, j - i]
+                out[row, i * d + k] = s
+
+
+@nb.njit(**INLINE_JIT)
 def congruence_t(step: np.ndarray, q: int, d: int, x: np.ndarray, work: np.ndarray, out: np.ndarray) -> None:
     """``out = A(h)ᵀ X A(h)``: the adjoint of ``Σ ↦ A Σ Aᵀ`` (``work`` is ``(D, D)``)."""
     dd = (q + 1) * d

@@ -27,9 +27,9 @@ import numpy as np
 
 from pymc_pnode._codegen import MAT_FN, TEN_FN, VEC_FN
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use, readonly
-from pymc_pnode.filtering.linalg import solve_gram_inplace
+from pymc_pnode.filtering.linalg import matmul, matmul_nt, matmul_tn, solve_gram_inplace
 from pymc_pnode.filtering.predict import predict_root
-from pymc_pnode.filtering.prior import apply_transition, dense_transition, new_step, set_step
+from pymc_pnode.filtering.prior import apply_transition, congruence, dense_transition, set_step
 from pymc_pnode.filtering.smoother import backward_gain, backward_work
 
 __all__ = ["SmoothedRun", "StepTangents", "StoredRun", "block_filter_tangents", "filter_tangents", "smoothing_tangents",
@@ -140,23 +140,80 @@ def linearised_update(sig_pred: np.ndarray, h: np.ndarray, z: np.ndarray) -> Lin
     return LinearisedUpdate(sig_pred, h, ph, gain, s_inv, b, b @ sig_pred @ b.T, z, s_inv @ z)
 
 
+# Work arrays of :func:`update_tangent` for a state of size D observed through m rows; the caller writes the
+# tangents of the predicted mean and covariance into ``dmu_pred`` and ``dsig_pred``.
+TangentWork = namedtuple("TangentWork", ["dmu_pred", "dsig_pred", "dph", "ds", "dgain", "dh_sig", "bx"])
+
+
 @nb.njit(**INLINE_JIT)
-def update_tangent(update: LinearisedUpdate, dmu_pred: np.ndarray, dsig_pred: np.ndarray, dh: np.ndarray,
-                   dz: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """Tangents ``(dμ, dΣ, d(ẑᵀS⁻¹ẑ))`` of one update given those of ``μ⁻``, ``Σ⁻``, ``H`` and ``ẑ``.
+def tangent_work(dd: int, m: int) -> TangentWork:
+    """:class:`TangentWork` for ``D = dd`` states and ``m`` observation rows."""
+    return TangentWork(np.empty(dd), np.empty((dd, dd)), np.empty((dd, m)), np.empty((m, m)), np.empty((dd, m)),
+                       np.empty((m, dd)), np.empty((dd, dd)))
+
+
+@nb.njit(**INLINE_JIT)
+def update_tangent(update: LinearisedUpdate, dh: np.ndarray, dz: np.ndarray, work: TangentWork, dmu: np.ndarray,
+                   dsig: np.ndarray) -> float:
+    """Tangents ``dμ``, ``dΣ`` (written into ``dmu``, ``dsig``) of one update given those of ``μ⁻`` and ``Σ⁻``
+    (``work.dmu_pred``, ``work.dsig_pred``), ``H`` (``dh``) and ``ẑ`` (``dz``); returns ``d(ẑᵀS⁻¹ẑ)``.
 
     Σ in Joseph form ``B Σ⁻ Bᵀ``: stationary in ``K``, so ``dK`` drops out, and ``B`` projects out the rounding
     errors of ``dΣ⁻`` in the directions the update pins (the plain form's ``dΣ⁻ − d(K S Kᵀ)`` lets them grow
-    exponentially along an EK1 solve).
+    exponentially along an EK1 solve). No allocation: products with ``m``-row factors are loops, and ``K dH Σ``
+    is ``K (dH Σ)`` (``O(m D²)``).
     """
-    dph = dsig_pred @ update.h.T + update.sig_pred @ dh.T
-    ds = dh @ update.ph + update.h @ dph
-    dgain = (dph - update.gain @ ds) @ update.s_inv
-    dmu = dmu_pred - dgain @ update.z - update.gain @ dz
-    kdh_sig = update.gain @ dh @ update.sig_post
-    dsig = update.b @ dsig_pred @ update.b.T - kdh_sig - kdh_sig.T
-    s_inv_z = update.s_inv_z
-    return dmu, dsig, 2.0 * (s_inv_z @ dz) - s_inv_z @ (ds @ s_inv_z)
+    sig_pred, h, ph, gain, s_inv, b, sig_post, z, s_inv_z = update
+    dmu_pred, dsig_pred, dph, ds, dgain, dh_sig, bx = work
+    dd, m = ph.shape
+    for a in range(dd):  # dPH = dΣ⁻ Hᵀ + Σ⁻ dHᵀ
+        for i in range(m):
+            v = 0.0
+            for c in range(dd):
+                v += dsig_pred[a, c] * h[i, c] + sig_pred[a, c] * dh[i, c]
+            dph[a, i] = v
+    for i in range(m):  # dS = dH PH + H dPH
+        for j in range(m):
+            v = 0.0
+            for c in range(dd):
+                v += dh[i, c] * ph[c, j] + h[i, c] * dph[c, j]
+            ds[i, j] = v
+    for a in range(dd):  # dK = (dPH − K dS) S⁻¹ (dPH overwritten row by row)
+        for i in range(m):
+            v = dph[a, i]
+            for j in range(m):
+                v -= gain[a, j] * ds[j, i]
+            dph[a, i] = v
+        for i in range(m):
+            v = 0.0
+            for j in range(m):
+                v += dph[a, j] * s_inv[j, i]
+            dgain[a, i] = v
+    for a in range(dd):  # dμ = dμ⁻ − dK ẑ − K dẑ
+        v = dmu_pred[a]
+        for i in range(m):
+            v -= dgain[a, i] * z[i] + gain[a, i] * dz[i]
+        dmu[a] = v
+    for i in range(m):
+        for c in range(dd):
+            v = 0.0
+            for e in range(dd):
+                v += dh[i, e] * sig_post[e, c]
+            dh_sig[i, c] = v
+    matmul(b, dsig_pred, bx)  # dΣ = B dΣ⁻ Bᵀ − K dH Σ − (K dH Σ)ᵀ
+    matmul_nt(bx, b, dsig)
+    for a in range(dd):
+        for c in range(dd):
+            v = 0.0
+            for i in range(m):
+                v += gain[a, i] * dh_sig[i, c] + gain[c, i] * dh_sig[i, a]
+            dsig[a, c] -= v
+    lin, quad = 0.0, 0.0
+    for i in range(m):
+        lin += s_inv_z[i] * dz[i]
+        for j in range(m):
+            quad += s_inv_z[i] * ds[i, j] * s_inv_z[j]
+    return 2.0 * lin - quad
 
 
 @compile_on_first_use(_TANGENTS_SIG, **INLINE_JIT)
@@ -185,23 +242,31 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
     dsig = np.zeros((n_dir, dd, dd))
     a_mat = np.zeros((dd, dd))
     q_mat = np.zeros((dd, dd))
+    sig, sig_pred, transition_work = np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd))
+    mu_pred, dmu_col, new_dmu = np.empty(dd), np.empty(dd), np.empty(dd)
+    z, dz = np.empty(d), np.empty(d)
     step = np.empty((3, q + 1))
     field = field_values(d, p.shape[0])
     fx, jac, jp, hyy, hyp = field.fx, field.jac, field.jp, field.hyy, field.hyp
     h_mat = np.zeros((d, dd))
     dh = np.zeros((d, dd))
+    work = tangent_work(dd, d)
+    dmu_pred, dsig_pred = work.dmu_pred, work.dsig_pred
     k_out = record_initial_outputs(out_index, dmu, d, dmean)
     for n in range(ts.shape[0] - 1):
-        h = ts[n + 1] - ts[n]
         t_new = ts[n + 1]
-        set_step(h, 1.0, q, step)
+        set_step(ts[n + 1] - ts[n], 1.0, q, step)
         dense_transition(step, rq, q, d, a_mat, q_mat)
-        sig = rs[n].T @ rs[n]
-        sig_pred = a_mat @ sig @ a_mat.T + kappas[n + 1] * q_mat
-        mu_pred = a_mat @ mus[n]
+        matmul_tn(rs[n], rs[n], sig)
+        congruence(step, q, d, sig, transition_work, sig_pred)
+        kappa = kappas[n + 1]
+        for a in range(dd):
+            for c in range(dd):
+                sig_pred[a, c] += kappa * q_mat[a, c]
+        apply_transition(step, q, d, mus[n], mu_pred)
         evaluate_field(rhs, jac_y, jac_p, hess_yy, hess_yp, p, t_new, mu_pred, ek1, field)
-        z = mu_pred[d:2 * d] - fx
         for k in range(d):
+            z[k] = mu_pred[d + k] - fx[k]
             for c in range(dd):
                 h_mat[k, c] = 0.0
             h_mat[k, d + k] = 1.0
@@ -210,26 +275,29 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
                     h_mat[k, c] = -jac[k, c]
         update = linearised_update(sig_pred, h_mat, z)
         for j in range(n_dir):
-            dmu_pred = a_mat @ np.ascontiguousarray(dmu[:, j])
-            dsig_pred = a_mat @ dsig[j] @ a_mat.T
-            dxi = dmu_pred[:d]
-            dz = dmu_pred[d:2 * d] - jac @ dxi
-            if j >= d:
-                dz -= jp[:, j - d]
-            if ek1:
+            for c in range(dd):
+                dmu_col[c] = dmu[c, j]
+            apply_transition(step, q, d, dmu_col, dmu_pred)
+            congruence(step, q, d, dsig[j], transition_work, dsig_pred)
+            for k in range(d):  # dẑ = E1 dμ⁻ − J E0 dμ⁻ − ∂f/∂θ_j
+                v = dmu_pred[d + k]
+                for c in range(d):
+                    v -= jac[k, c] * dmu_pred[c]
+                if j >= d:
+                    v -= jp[k, j - d]
+                dz[k] = v
+            if ek1:  # dH = −dJ = −(∂²f/∂y² dξ + ∂²f/∂y∂θ_j)
                 for k in range(d):
                     for c in range(d):
                         v = 0.0
                         for m in range(d):
-                            v += hyy[k, c, m] * dxi[m]
+                            v += hyy[k, c, m] * dmu_pred[m]
                         if j >= d:
                             v += hyp[k, c, j - d]
                         dh[k, c] = -v
-            new_dmu, new_dsig, dstat_j = update_tangent(update, dmu_pred, dsig_pred, dh, dz)
-            dsig[j] = new_dsig
+            dstat[j] += update_tangent(update, dh, dz, work, new_dmu, dsig[j])
             for c in range(dd):
                 dmu[c, j] = new_dmu[c]
-            dstat[j] += dstat_j
         k_out = finish_step(n + 1, steps, out_index, k_out, dmu, dsig, dmean, dvar)
     return dmean, dvar, dstat
 
@@ -264,9 +332,12 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
     dstat = np.zeros(n_dir)
     dmu = steps.dmu[0].copy()
     dsig = np.zeros((n_dir, n_blocks, q1, q1))
+    new_dsig = np.zeros((n_dir, n_blocks, q1, q1))
+    unused_dsig = np.empty((q1, q1))
     new_dmu = np.empty((dd, n_dir))
     a_mat = np.zeros((q1, q1))
     q_mat = np.zeros((q1, q1))
+    sig, sig_pred, transition_work = np.empty((q1, q1)), np.empty((q1, q1)), np.empty((q1, q1))
     step = np.empty((3, q1))
     mu_pred = np.empty(dd)
     dmu_pred = np.empty((dd, n_dir))
@@ -277,7 +348,9 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
     dh = np.zeros((1, q1))
     z = np.empty(1)
     dz = np.empty(1)
-    block_dmu = np.empty(q1)
+    block_new = np.empty(q1)
+    work = tangent_work(q1, 1)
+    block_dmu, block_dsig_pred = work.dmu_pred, work.dsig_pred
     k_out = record_initial_outputs(out_index, dmu, d, dmean)
     for n in range(ts.shape[0] - 1):
         t_new = ts[n + 1]
@@ -291,10 +364,14 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
             for k in range(dd):
                 dmu_pred[k, j] = pred_col[k]
         evaluate_field(rhs, jac_y, jac_p, hess_yy, hess_yp, p, t_new, mu_pred, ek1, field)
-        new_dsig = np.zeros((n_dir, n_blocks, q1, q1))
+        kappa = kappas[n + 1]
         for i in range(d):
             b = i if n_blocks > 1 else 0
-            sig_pred = a_mat @ (rs[n, b].T @ rs[n, b]) @ a_mat.T + kappas[n + 1] * q_mat
+            matmul_tn(rs[n, b], rs[n, b], sig)
+            congruence(step, q, 1, sig, transition_work, sig_pred)
+            for a in range(q1):
+                for c in range(q1):
+                    sig_pred[a, c] += kappa * q_mat[a, c]
             h_row[0, 0] = -jac[i, i] if ek1 else 0.0
             h_row[0, 1] = 1.0
             z[0] = mu_pred[d + i] - fx[i]
@@ -302,7 +379,7 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
             for j in range(n_dir):
                 for k in range(q1):
                     block_dmu[k] = dmu_pred[k * d + i, j]
-                dsig_pred = a_mat @ dsig[j, b] @ a_mat.T
+                congruence(step, q, 1, dsig[j, b], transition_work, block_dsig_pred)
                 v = dmu_pred[d + i, j]
                 w = 0.0
                 for m in range(d):
@@ -315,14 +392,13 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
                         w += hyp[i, i, j - d]
                 dz[0] = v
                 dh[0, 0] = -w
-                block_new, block_dsig, dstat_j = update_tangent(update, block_dmu, dsig_pred, dh, dz)
+                # (a shared isotropic block is updated once, by state 0)
+                out = new_dsig[j, b] if b == i else unused_dsig
+                dstat[j] += update_tangent(update, dh, dz, work, block_new, out)
                 for k in range(q1):
                     new_dmu[k * d + i, j] = block_new[k]
-                if b == i:  # (a shared isotropic block is updated once)
-                    new_dsig[j, b] = block_dsig
-                dstat[j] += dstat_j
         dmu[:, :] = new_dmu
-        dsig = new_dsig
+        dsig, new_dsig = new_dsig, dsig  # every block of new_dsig was written
         k_out = finish_step(n + 1, steps, out_index, k_out, dmu, dsig, dmean, dvar)
     return dmean, dvar, dstat
 
@@ -369,12 +445,20 @@ def smoothing_tangents(run, smoothed, steps, rq, joint):
     q_mat = np.zeros((dd, dd))
     r_pred = np.zeros((dd, dd))
     work = backward_work(dd)
+    step = np.empty((3, q + 1))
+    g, b_mat, sig_s, sig_s_gt = np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd))
+    a_dsig, dsig_pred, dgt, dg, prod = (np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)),
+                                        np.empty((dd, dd)))
+    resid, innov = np.empty(dd), np.empty(dd)
+    cross_new, cross_prod = np.empty((dd, d)), np.empty((dd, d))
     last = ts.shape[0] - 1
     dmu_s = steps.dmu[last].copy()
     dsig_s = steps.dsig[last].copy()
+    new_dmu = np.empty((dd, n_dir))
+    new_dsig = np.empty((n_dir, dd, dd))
     k_out = n_out - 1
     for n in range(last, -1, -1):
-        sig_s = smoothed.r[n].T @ smoothed.r[n]
+        matmul_tn(smoothed.r[n], smoothed.r[n], sig_s)
         while k_out >= 0 and out_index[k_out] == n:
             for k in range(d):
                 for j in range(n_dir):
@@ -403,29 +487,64 @@ def smoothing_tangents(run, smoothed, steps, rq, joint):
         if n == 0:
             break
         # the kernel of the step from grid point n - 1 to n
-        step = new_step(ts[n] - ts[n - 1], kappas[n], q)
+        set_step(ts[n] - ts[n - 1], kappas[n], q, step)
         dense_transition(step, rq, q, d, a_mat, q_mat)
         predict_root(rs[n - 1], step, rq, q, d, work.stack, r_pred)
         backward_gain(rs[n - 1], r_pred, step, q, d, work.wt, work.gt)
-        g = work.gt.T.copy()
-        b_mat = np.eye(dd) - g @ a_mat
-        resid = smoothed.mu[n] - a_mat @ mus[n - 1]
-        sig_s_gt = sig_s @ work.gt
-        new_dmu = np.empty((dd, n_dir))
-        new_dsig = np.empty((n_dir, dd, dd))
+        gt = work.gt
+        for a in range(dd):
+            for c in range(dd):
+                g[a, c] = gt[c, a]
+        matmul(g, a_mat, b_mat)  # B = I − G A
+        for a in range(dd):
+            for c in range(dd):
+                b_mat[a, c] = (1.0 if a == c else 0.0) - b_mat[a, c]
+        apply_transition(step, q, d, mus[n - 1], resid)
+        for a in range(dd):
+            resid[a] = smoothed.mu[n, a] - resid[a]
+        matmul(sig_s, gt, sig_s_gt)
         for j in range(n_dir):
-            dmu_f = np.ascontiguousarray(steps.dmu[n - 1][:, j])
-            a_dsig = a_mat @ steps.dsig[n - 1, j]
-            dgt = a_dsig - (a_dsig @ a_mat.T) @ work.gt  # (A dΣ_n - dΣ⁻ Gᵀ), then (Σ⁻)⁻¹ from the left
+            dsig_f = steps.dsig[n - 1, j]
+            # dGᵀ = (Σ⁻)⁻¹ (A dΣ_n − dΣ⁻ Gᵀ), dΣ⁻ = A dΣ_n Aᵀ (congruence leaves A dΣ_n in a_dsig)
+            congruence(step, q, d, dsig_f, a_dsig, dsig_pred)
+            matmul(dsig_pred, gt, prod)
+            for a in range(dd):
+                for c in range(dd):
+                    dgt[a, c] = a_dsig[a, c] - prod[a, c]
             solve_gram_inplace(r_pred, dd, dgt)
-            dg = dgt.T.copy()
-            new_dmu[:, j] = dmu_f + dg @ resid + g @ (np.ascontiguousarray(dmu_s[:, j]) - a_mat @ dmu_f)
-            term = dg @ sig_s_gt
-            new_dsig[j] = b_mat @ steps.dsig[n - 1, j] @ b_mat.T + term + term.T + g @ dsig_s[j] @ work.gt
-            for b in range(k_out + 1, n_joint):
-                dcross[b, j] = dg @ cross[b] + g @ dcross[b, j]
+            for a in range(dd):
+                for c in range(dd):
+                    dg[a, c] = dgt[c, a]
+            # dμˢ_n = dμ_n + dG (μˢ_{n+1} − A μ_n) + G (dμˢ_{n+1} − A dμ_n)
+            for a in range(dd):
+                resid_j = dmu_s[a, j]
+                for c in range(a % d, dd, d):  # A dμ_n: the same state's derivatives only
+                    resid_j -= a_mat[a, c] * steps.dmu[n - 1, c, j]
+                innov[a] = resid_j
+            for a in range(dd):
+                v = steps.dmu[n - 1, a, j]
+                for c in range(dd):
+                    v += dg[a, c] * resid[c] + g[a, c] * innov[c]
+                new_dmu[a, j] = v
+            # dΣˢ_n = B dΣ_n Bᵀ + dG Σˢ Gᵀ + (dG Σˢ Gᵀ)ᵀ + G dΣˢ_{n+1} Gᵀ
+            out = new_dsig[j]
+            matmul(b_mat, dsig_f, prod)
+            matmul_nt(prod, b_mat, out)
+            matmul(g, dsig_s[j], prod)
+            matmul(prod, gt, dgt)
+            matmul(dg, sig_s_gt, prod)
+            for a in range(dd):
+                for c in range(dd):
+                    out[a, c] += prod[a, c] + prod[c, a] + dgt[a, c]
+            for b in range(k_out + 1, n_joint):  # dCov(x_n, ·) = dG Cov(x_{n+1}, ·) + G dCov(x_{n+1}, ·)
+                matmul(dg, cross[b], cross_new)
+                matmul(g, dcross[b, j], cross_prod)
+                for a in range(dd):
+                    for c in range(d):
+                        dcross[b, j, a, c] = cross_new[a, c] + cross_prod[a, c]
         for b in range(k_out + 1, n_joint):
-            cross[b] = g @ cross[b]
-        dmu_s = new_dmu
-        dsig_s = new_dsig
+            matmul(g, cross[b], cross_new)
+            cross[b] = cross_new
+        dmu_s, new_dmu = new_dmu, dmu_s
+        dsig_s, new_dsig = new_dsig, dsig_s
     return dmean, dvar, cov, dcov
