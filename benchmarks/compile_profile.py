@@ -7,7 +7,7 @@ emission), largest first, and the kernel's own pass breakdown. The rest of the w
 (typing, lowering).
 
 Run: ``NUMBA_CACHE_DIR=$(mktemp -d) NUMBA_LLVM_PASS_TIMINGS=1 python benchmarks/compile_profile.py [--order 3]
-[--states 2]``.
+[--states 2] [--structure dense|diagonal|isotropic]`` (the block structures share one kernel per order).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--order", type=int, default=3)
     parser.add_argument("--states", type=int, default=2)
+    parser.add_argument("--structure", choices=["dense", "diagonal", "isotropic"], default="dense")
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
     if not os.environ.get("NUMBA_LLVM_PASS_TIMINGS"):
@@ -46,7 +47,7 @@ def main() -> None:
           f"numba {nb.__version__}, pymc_pnode {pymc_pnode.__version__}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     start = time.perf_counter()
-    kernel = fenrir_kernel(args.order, args.states)
+    kernel = fenrir_kernel(args.order, args.states, args.structure)
     wall = time.perf_counter() - start
     rows, seen = [], set()
     for module in list(sys.modules.values()):
@@ -58,9 +59,10 @@ def main() -> None:
                 seen.add(id(dispatcher))
                 rows += [(llvm_seconds(cres), f"{module.__name__}.{name}") for cres in dispatcher.overloads.values()]
     kernel_cres = next(iter(kernel.overloads.values()))
-    rows.append((llvm_seconds(kernel_cres), f"the kernel fenrir_kernel({args.order}, {args.states}) itself"))
+    label = f"fenrir_kernel({args.order}, {args.states}, {args.structure!r})"
+    rows.append((llvm_seconds(kernel_cres), f"the kernel {label} itself"))
     rows.sort(reverse=True)
-    print(f"\nfenrir_kernel({args.order}, {args.states}) into this cache: {wall:.1f} s wall; LLVM in all "
+    print(f"\n{label} into this cache: {wall:.1f} s wall; LLVM in all "
           f"{sum(r[0] for r in rows):.1f} s\n")
     print("| compiled function (one row per specialisation) | LLVM s |")
     print("| --- | --- |")
