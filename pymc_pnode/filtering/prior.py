@@ -69,8 +69,8 @@ def apply_transition_t(step: np.ndarray, q: int, d: int, v: np.ndarray, out: np.
 
 @nb.njit(**INLINE_JIT)
 def congruence(step: np.ndarray, q: int, d: int, x: np.ndarray, work: np.ndarray, out: np.ndarray) -> None:
-    """``out = A(h) X A(h)ᵀ`` (``work`` is ``(D, D)``), in ``O(q D²)``: ``A(h)`` acts on each state's
-    ``q + 1`` derivatives (``A[i d + k, j d + k] = a_(j-i)`` for ``j ≥ i``)."""
+    """``out = A(h) X A(h)ᵀ`` in ``O(q D²)``: ``A(h)`` acts on each state's ``q + 1`` derivatives
+    (``A[i d + k, j d + k] = a_(j-i)`` for ``j ≥ i``). ``work`` (``(D, D)``) holds ``A(h) X`` on exit."""
     dd = (q + 1) * d
     for i in range(q + 1):
         for k in range(d):
