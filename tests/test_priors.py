@@ -55,20 +55,25 @@ def test_bad_order(bad):
 
 
 @pytest.mark.parametrize("q, d", [(1, 1), (2, 3), (3, 2), (4, 1), (5, 4)])
-def test_structured_congruences_equal_the_dense_products(q, d):
-    """``congruence`` (A X Aᵀ) and ``congruence_t`` (Aᵀ X A), which use A(h)'s Kronecker structure, against
-    products with the dense A(h) of ``dense_transition``, itself checked against the matrix exponential."""
-    from pymc_pnode.filtering.prior import congruence, congruence_t, dense_transition, new_step
+def test_structured_products_equal_the_dense_ones(q, d):
+    """The tangent kernels' structured forms of A(h) and Q(h) — ``congruence`` (A X Aᵀ), ``congruence_t``
+    (Aᵀ X A), ``transition_matrix`` and ``add_noise`` (+κQ) — against the dense matrices of the matrix exponential
+    and of ``IWP.transition`` (checked against the SDE's discretisation above), derivative-major as the filters."""
+    from pymc_pnode.filtering.prior import add_noise, congruence, congruence_t, new_step, transition_matrix
 
-    h = 0.37
+    h, kappa = 0.37, 1.7
     dd = (q + 1) * d
     step = new_step(h, 1.0, q)
-    a_mat, q_mat = np.empty((dd, dd)), np.empty((dd, dd))
-    dense_transition(step, IWP(q).Q_bar_sqrt, q, d, a_mat, q_mat)
-    generator = np.kron(np.diag(np.ones(q), 1), np.eye(d))  # states ordered derivative-major
-    np.testing.assert_allclose(a_mat, expm(generator * h), rtol=1e-13, atol=1e-15)
+    a_mat = expm(np.kron(np.diag(np.ones(q), 1), np.eye(d)) * h)
+    out = np.empty((dd, dd))
+    transition_matrix(step, q, d, out)
+    np.testing.assert_allclose(out, a_mat, rtol=1e-13, atol=1e-15)
     x = np.random.default_rng(q * 10 + d).standard_normal((dd, dd))
-    out, work = np.empty((dd, dd)), np.empty((dd, dd))
+    noisy = x.copy()
+    add_noise(step, IWP(q).Q_bar_sqrt, q, d, kappa, noisy)
+    np.testing.assert_allclose(noisy, x + kappa * np.kron(IWP(q).transition(h)[1], np.eye(d)), rtol=1e-12,
+                               atol=1e-12)
+    work = np.empty((dd, dd))
     congruence(step, q, d, x, work, out)
     np.testing.assert_allclose(out, a_mat @ x @ a_mat.T, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(work, a_mat @ x, rtol=1e-12, atol=1e-12)  # the smoother's tangents read A X

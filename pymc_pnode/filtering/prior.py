@@ -140,19 +140,24 @@ def noise_inner(x: np.ndarray, step: np.ndarray, rq: np.ndarray, q: int, d: int)
 
 
 @nb.njit(**INLINE_JIT)
-def dense_transition(step: np.ndarray, rq: np.ndarray, q: int, d: int, a_mat: np.ndarray, q_mat: np.ndarray) -> None:
-    """``a_mat = A(h)`` and ``q_mat = Q(h)`` (unit diffusion) as dense ``(D, D)`` matrices.
+def transition_matrix(step: np.ndarray, q: int, d: int, out: np.ndarray) -> None:
+    """``out = A(h)`` as a dense ``(D, D)`` matrix, for the smoother's tangents (the filters never form it)."""
+    out[:, :] = 0.0
+    for i in range(q + 1):
+        for j in range(i, q + 1):
+            for k in range(d):
+                out[i * d + k, j * d + k] = step[0, j - i]
 
-    For the forward-mode tangents, which differentiate the dense formulas (the filters themselves never form them).
-    """
+
+@nb.njit(**INLINE_JIT)
+def add_noise(step: np.ndarray, rq: np.ndarray, q: int, d: int, kappa: float, out: np.ndarray) -> None:
+    """``out += κ Q(h)`` on a dense ``(D, D)`` covariance (``Q(h)`` at unit diffusion, nonzero on each state's
+    derivatives only), for the forward-mode tangents (the filters add the noise to square roots)."""
     for i in range(q + 1):
         for j in range(q + 1):
             qbar_ij = 0.0
             for r in range(q + 1):
                 qbar_ij += rq[r, i] * rq[r, j]
+            q_ij = step[1, i] * qbar_ij * step[1, j]
             for k in range(d):
-                for c in range(d):
-                    a_mat[i * d + k, j * d + c] = 0.0
-                    q_mat[i * d + k, j * d + c] = 0.0
-                a_mat[i * d + k, j * d + k] = step[0, j - i] if j >= i else 0.0
-                q_mat[i * d + k, j * d + k] = step[1, i] * qbar_ij * step[1, j]
+                out[i * d + k, j * d + k] += kappa * q_ij

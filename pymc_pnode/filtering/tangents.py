@@ -29,7 +29,7 @@ from pymc_pnode._codegen import MAT_FN, TEN_FN, VEC_FN
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use, readonly
 from pymc_pnode.filtering.linalg import matmul, matmul_nt, matmul_tn, solve_gram_inplace
 from pymc_pnode.filtering.predict import predict_root
-from pymc_pnode.filtering.prior import apply_transition, congruence, dense_transition, set_step
+from pymc_pnode.filtering.prior import add_noise, apply_transition, congruence, set_step, transition_matrix
 from pymc_pnode.filtering.smoother import backward_gain, backward_work
 
 __all__ = ["SmoothedRun", "StepTangents", "StoredRun", "block_filter_tangents", "filter_tangents", "smoothing_tangents",
@@ -240,8 +240,6 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
     dstat = np.zeros(n_dir)
     dmu = steps.dmu[0].copy()  # (D, P)
     dsig = np.zeros((n_dir, dd, dd))
-    a_mat = np.zeros((dd, dd))
-    q_mat = np.zeros((dd, dd))
     sig, sig_pred, transition_work = np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd))
     mu_pred, dmu_col, new_dmu = np.empty(dd), np.empty(dd), np.empty(dd)
     z, dz = np.empty(d), np.empty(d)
@@ -256,13 +254,9 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
     for n in range(ts.shape[0] - 1):
         t_new = ts[n + 1]
         set_step(ts[n + 1] - ts[n], 1.0, q, step)
-        dense_transition(step, rq, q, d, a_mat, q_mat)
         matmul_tn(rs[n], rs[n], sig)
         congruence(step, q, d, sig, transition_work, sig_pred)
-        kappa = kappas[n + 1]
-        for a in range(dd):
-            for c in range(dd):
-                sig_pred[a, c] += kappa * q_mat[a, c]
+        add_noise(step, rq, q, d, kappas[n + 1], sig_pred)
         apply_transition(step, q, d, mus[n], mu_pred)
         evaluate_field(rhs, jac_y, jac_p, hess_yy, hess_yp, p, t_new, mu_pred, ek1, field)
         for k in range(d):
@@ -335,8 +329,6 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
     new_dsig = np.zeros((n_dir, n_blocks, q1, q1))
     unused_dsig = np.empty((q1, q1))
     new_dmu = np.empty((dd, n_dir))
-    a_mat = np.zeros((q1, q1))
-    q_mat = np.zeros((q1, q1))
     sig, sig_pred, transition_work = np.empty((q1, q1)), np.empty((q1, q1)), np.empty((q1, q1))
     step = np.empty((3, q1))
     mu_pred = np.empty(dd)
@@ -355,7 +347,6 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
     for n in range(ts.shape[0] - 1):
         t_new = ts[n + 1]
         set_step(ts[n + 1] - ts[n], 1.0, q, step)
-        dense_transition(step, rq, q, 1, a_mat, q_mat)
         apply_transition(step, q, d, mus[n], mu_pred)
         for j in range(n_dir):
             for k in range(dd):
@@ -369,9 +360,7 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
             b = i if n_blocks > 1 else 0
             matmul_tn(rs[n, b], rs[n, b], sig)
             congruence(step, q, 1, sig, transition_work, sig_pred)
-            for a in range(q1):
-                for c in range(q1):
-                    sig_pred[a, c] += kappa * q_mat[a, c]
+            add_noise(step, rq, q, 1, kappa, sig_pred)
             h_row[0, 0] = -jac[i, i] if ek1 else 0.0
             h_row[0, 1] = 1.0
             z[0] = mu_pred[d + i] - fx[i]
@@ -442,14 +431,13 @@ def smoothing_tangents(run, smoothed, steps, rq, joint):
     cross = np.zeros((n_joint, dd, d))
     dcross = np.zeros((n_joint, n_dir, dd, d))
     a_mat = np.zeros((dd, dd))
-    q_mat = np.zeros((dd, dd))
     r_pred = np.zeros((dd, dd))
     work = backward_work(dd)
     step = np.empty((3, q + 1))
     g, b_mat, sig_s, sig_s_gt = np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd))
     a_dsig, dsig_pred, dgt, dg, prod = (np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)),
                                         np.empty((dd, dd)))
-    resid, innov = np.empty(dd), np.empty(dd)
+    resid, innov, dmu_col = np.empty(dd), np.empty(dd), np.empty(dd)
     cross_new, cross_prod = np.empty((dd, d)), np.empty((dd, d))
     last = ts.shape[0] - 1
     dmu_s = steps.dmu[last].copy()
@@ -488,7 +476,7 @@ def smoothing_tangents(run, smoothed, steps, rq, joint):
             break
         # the kernel of the step from grid point n - 1 to n
         set_step(ts[n] - ts[n - 1], kappas[n], q, step)
-        dense_transition(step, rq, q, d, a_mat, q_mat)
+        transition_matrix(step, q, d, a_mat)
         predict_root(rs[n - 1], step, rq, q, d, work.stack, r_pred)
         backward_gain(rs[n - 1], r_pred, step, q, d, work.wt, work.gt)
         gt = work.gt
@@ -517,10 +505,10 @@ def smoothing_tangents(run, smoothed, steps, rq, joint):
                     dg[a, c] = dgt[c, a]
             # dμˢ_n = dμ_n + dG (μˢ_{n+1} − A μ_n) + G (dμˢ_{n+1} − A dμ_n)
             for a in range(dd):
-                resid_j = dmu_s[a, j]
-                for c in range(a % d, dd, d):  # A dμ_n: the same state's derivatives only
-                    resid_j -= a_mat[a, c] * steps.dmu[n - 1, c, j]
-                innov[a] = resid_j
+                dmu_col[a] = steps.dmu[n - 1, a, j]
+            apply_transition(step, q, d, dmu_col, innov)
+            for a in range(dd):
+                innov[a] = dmu_s[a, j] - innov[a]
             for a in range(dd):
                 v = steps.dmu[n - 1, a, j]
                 for c in range(dd):
