@@ -34,10 +34,8 @@ second call resumes)::
 
     python fenrir_paper.py --studies lv_low lv_high fhn_low fhn_high pendulum pendulum_k30 \
         --runs 100 --processes 2
-    python fenrir_paper.py --studies model_selection seir --runs 50 --processes 2
-    python fenrir_paper.py --studies model_selection_ip --runs 50 --processes 2
+    python fenrir_paper.py --studies model_selection seir model_selection_ip seir_ip --runs 100 --processes 2
     python fenrir_paper.py --studies lv_low_ip lv_high_ip fhn_low_ip fhn_high_ip --runs 100 --processes 2
-    python fenrir_paper.py --studies seir_ip --runs 50 --processes 2
     python fenrir_paper.py --published /path/to/fenrir-experiments   # the authors' result files
 """
 
@@ -520,9 +518,8 @@ def run_study(key: str, n_runs: int, processes: int = 1) -> pd.DataFrame:
     os.makedirs(RESULTS, exist_ok=True)
     with Pool(processes) as pool:
         for i, rows in enumerate(pool.imap_unordered(_task, todo)):
-            frame = pd.DataFrame(rows)
-            path = results_path(key)
-            frame.to_csv(path, mode="a", header=not os.path.exists(path), index=False)
+            # rewritten whole (small files): rows of a newer version may carry more columns
+            pd.concat([load(key), pd.DataFrame(rows)], ignore_index=True).to_csv(results_path(key), index=False)
             print(f"[{key}] {i + 1}/{len(todo)} run {rows[0]['run']}", flush=True)
     return load(key)
 
