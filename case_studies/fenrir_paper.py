@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import time
 import warnings
@@ -55,7 +56,6 @@ import pytensor.tensor as pt
 from fenrir_dt_table1 import _fminbox
 from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import ancestors
-from scipy.integrate import solve_ivp
 
 import pymc_pnode as pn
 from pymc_pnode._lbfgs import minimize_with_restarts
@@ -179,33 +179,24 @@ PENDULUM_STARTS = np.round(10.0 ** np.arange(-2.0, 2.0001, 0.05), 10)
 
 
 # ----------------------------------------------------------------------------------------------
-class _TooExpensive(Exception):
-    pass
+def study_ode(study: Study, func=None) -> pn.ODE:
+    """The study's (or ``func``'s) vector field as a :class:`pymc_pnode.ODE`, built once per process."""
+    return _ode_of(func or study.func, study.n_states, len(study.theta_true))
 
 
-def trajectory(study: Study, y0, theta, times=None, max_evals: int = 200_000) -> np.ndarray:
+@functools.lru_cache(maxsize=None)
+def _ode_of(func, n_states: int, n_theta: int) -> pn.ODE:
+    return pn.ODE(_pt_field(func), n_states=n_states, n_theta=n_theta)
+
+
+def trajectory(study: Study, y0, theta, times=None) -> np.ndarray:
     """Accurate solution (LSODA, rtol = atol = 1e-10) at ``times``; NaN where the solve fails or
-    needs more than ``max_evals`` field evaluations (extreme estimates, e.g. FitzHugh--Nagumo with
-    ``c`` near 0, are that stiff)."""
+    needs more than 200,000 field evaluations (extreme estimates, e.g. FitzHugh--Nagumo with ``c``
+    near 0, are that stiff)."""
     times = study.times if times is None else times
-    out = np.full((times.size, study.n_states), np.nan)
-    count = [0]
-
-    def rhs(t, y):
-        count[0] += 1
-        if count[0] > max_evals:
-            raise _TooExpensive
-        return study.func(y, t, theta)
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            sol = solve_ivp(rhs, (0.0, times[-1]), np.asarray(y0, float), method="LSODA", t_eval=times,
-                            rtol=1e-10, atol=1e-10)
-    except _TooExpensive:
-        return out
-    out[: sol.y.shape[1]] = sol.y.T
-    return out
+    sol = integrate(study_ode(study), y0, theta, times, t0=0.0, method="LSODA", rtol=1e-10, atol=1e-10,
+                    max_nfev=200_000)
+    return sol.y if sol.success else np.full((times.size, study.n_states), np.nan)
 
 
 def make_data(study: Study, rng: np.random.Generator) -> np.ndarray:
@@ -262,8 +253,8 @@ class FenrirObjective:
 
     def __init__(self, study: Study, func=None):
         self.study = study
-        d, k = study.n_states, len(study.theta_true)
-        self.ode = pn.ODE(_pt_field(func or study.func), n_states=d, n_theta=k)
+        k = len(study.theta_true)
+        self.ode = study_ode(study, func)
         self.n_y0 = 0 if study.y0_bounds is None else len(study.y0_bounds)
         x = pt.vector("x")
         y0 = self.y0_of(x[: self.n_y0], pt)
@@ -379,7 +370,7 @@ def fit_rk(study: Study, data, y0_start, theta_start) -> dict:
     """RK least squares (the authors' loss ``Σ ‖H y(t) − u(t)‖²``) from the same start."""
     t0 = time.perf_counter()
     rtol, atol = study.rk_tol
-    ode = pn.ODE(_pt_field(study.func), n_states=study.n_states, n_theta=len(study.theta_true))
+    ode = study_ode(study)
     if study.y0_map == "seir":
         x, sse = _seir_least_squares(ode, study, data, np.concatenate([y0_start, theta_start]))
         return dict(y0=list(x_to_seir_y0(x)), theta=list(x[2:]), nll=sse, iterations=-1, evaluations=-1,
