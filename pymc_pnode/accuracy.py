@@ -5,14 +5,18 @@ values the sampler visits. Every evaluation computes the filter's own local erro
 (:func:`pymc_pnode.filtering.calibration.local_error`); :class:`SolverDiagnostics` counts what happened
 and warns, once per likelihood and process, when the step is too coarse.
 
+Derivatives computed through covariance congruences can be rounding noise where the filter's gain is huge
+(near unstable invariant sets): :func:`needs_rounding_check` and :func:`reproducible` decide when such
+derivatives are refused, which is counted and warned about with either kind of step.
+
 Counts made in other processes (the chains of ``pm.sample(cores>1)``) reach the process that built the
 model through small spool files: a copy of the counts that arrives in another process (pickled, or
 inherited by a fork) starts from zero at its first count and writes its own counts to
 ``<tempdir>/pymc_pnode_counts/<key>.<pid>.json`` (at most every 0.5 s, and when the process exits);
 :meth:`SolverDiagnostics.merged` adds them up. When counts are sent to other processes, a watcher thread
 in the sending process waits for those processes to finish (the end of sampling) and then warns there,
-with the totals, if a fixed step missed the tolerances in them: the user sees the warning in their own
-session, not only in the workers' stderr.
+with the totals, if a fixed step missed the tolerances in them or a gradient was refused: the user sees the
+warning in their own session, not only in the workers' stderr.
 """
 
 from __future__ import annotations
@@ -33,15 +37,27 @@ import warnings
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
+
 _SPOOL_DIR = os.path.join(tempfile.gettempdir(), "pymc_pnode_counts")
 _FLUSH_INTERVAL = 0.5  # seconds between a worker's spool-file updates
-_COUNTS = ("n_evaluations", "n_steps", "n_rejected", "n_over_tolerance", "n_failed")
+_COUNTS = ("n_evaluations", "n_steps", "n_rejected", "n_over_tolerance", "n_failed", "n_unreliable_gradient")
 _SHARED_KEYS: set[str] = set()  # keys of counts shared with other processes by this one
 _WATCH_POLL = 0.5  # seconds between the watcher's looks at the spool files
 _WATCH_GRACE = 120.0  # a watcher whose processes write no counts within this time stops
 _WATCHED: set[str] = set()  # keys with a running watcher
 _WATCH_LOCK = threading.Lock()
 _LIVE: "weakref.WeakValueDictionary[str, SolverDiagnostics]" = weakref.WeakValueDictionary()
+
+# The rounding check of derivatives computed through covariance congruences (Fenrir's reverse sweep, the forward
+# tangents of pn.probabilistic_solution). Their kernels bound, per update, how much the rounding errors that a
+# congruence's input carries can change its result (:func:`pymc_pnode.filtering.update.congruence_rounding`).
+# Above ROUNDING_CHECK the derivatives are computed again with their seed (cotangent, or initial tangents)
+# times RESCALE: they are linear in it, their rounding errors are not. If the two disagree beyond REPRODUCIBILITY
+# (relative to the largest component) the derivatives are rounding noise and the evaluation is refused.
+ROUNDING_CHECK = 1e-10
+RESCALE = 0.7
+REPRODUCIBILITY = 1e-6
 
 
 def _before_fork() -> None:
@@ -89,6 +105,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def needs_rounding_check(bound: float) -> bool:
+    """Whether a kernel's rounding bound asks for the reproducibility check (above :data:`ROUNDING_CHECK`)."""
+    return bound > ROUNDING_CHECK
+
+
+def reproducible(derivatives, rescaled) -> bool:
+    """Whether derivatives computed with their seed times :data:`RESCALE` (``rescaled``, a list of arrays) equal
+    ``RESCALE`` times the first ones (``derivatives``) to :data:`REPRODUCIBILITY`, relative to the largest entry."""
+    for first, second in zip(derivatives, rescaled):
+        first, second = np.asarray(first), np.asarray(second) / RESCALE
+        if first.size == 0:
+            continue
+        if not np.all(np.isfinite(second)):
+            return False
+        if np.max(np.abs(second - first)) > REPRODUCIBILITY * np.max(np.abs(first)):
+            return False
+    return True
+
+
 class AccuracyWarning(UserWarning):
     """A likelihood was evaluated where its numerical solution misses the requested tolerance."""
 
@@ -112,6 +147,11 @@ class SolverDiagnostics:
         reached or a collapsing adaptive step. Fixed-step failures warn too (once), as inside a sampler
         they only show as divergences; error-controlled solves fail where the ODE has no solution over
         the data's time span (a blow-up), where ``-inf`` is the right value.
+    n_unreliable_gradient : int
+        Evaluations (among ``n_failed``) refused (``-inf``) because their derivatives were rounding noise: the
+        kernel's rounding bound was large and the derivatives changed when recomputed with other rounding
+        errors (:func:`reproducible`; ``docs/fenrir.md``, "Gradients on strongly unstable invariant sets").
+        Warns with either kind of step. (A Fenrir value computed without its gradient is not checked.)
     max_error : float
         Largest scaled local error estimate seen (``≤ 1`` means within tolerance).
     suggested_step : float or None
@@ -128,13 +168,15 @@ class SolverDiagnostics:
     n_rejected: int = 0
     n_over_tolerance: int = 0
     n_failed: int = 0
+    n_unreliable_gradient: int = 0
     max_error: float = 0.0
     _warned: bool = field(default=False, repr=False)
+    _warned_gradient: bool = field(default=False, repr=False)
     key: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
     _owner_pid: int = field(default_factory=os.getpid, repr=False)
     _counting_pid: int = field(default_factory=os.getpid, repr=False)  # the process these counts are from
     _last_flush: float = field(default=0.0, repr=False)
-    _reported: tuple = field(default=(0, 0), repr=False)
+    _reported: tuple = field(default=(0, 0, 0), repr=False)
 
     def __post_init__(self) -> None:
         _LIVE.setdefault(self.key, self)  # the fork hook shares these with the children (copies keep the key)
@@ -147,8 +189,6 @@ class SolverDiagnostics:
     def _share(self) -> None:
         """Copies of these counts are going to other processes (pickled, or inherited by a fork)."""
         _SHARED_KEYS.add(self.key)  # copies elsewhere may write spool files: remove them at exit
-        if self.step is None:  # error-controlled solves do not miss tolerances: nothing to report
-            return
         with _WATCH_LOCK:
             if self.key in _WATCHED:
                 return
@@ -180,8 +220,9 @@ class SolverDiagnostics:
                 elif time.monotonic() - started > _WATCH_GRACE:  # e.g. a fork that never used these counts
                     return
             total = self.merged()
-            if total.n_over_tolerance > self._reported[0] or total.n_failed > self._reported[1]:
-                self._reported = (total.n_over_tolerance, total.n_failed)
+            counts = total._warning_counts()
+            if any(new > old for new, old in zip(counts, self._reported)):
+                self._reported = counts
                 warnings.warn("after sampling in other processes: " + total.message(), AccuracyWarning,
                               stacklevel=1)
         finally:
@@ -223,8 +264,16 @@ class SolverDiagnostics:
             return self.step / 10.0
         return self.step * min(1.0, 0.9 * self.max_error ** (-1.0 / (self.order + 1.0)))
 
-    def record(self, n_steps: int, n_rejected: int, max_error: float, failed: bool, warn: bool = True) -> None:
-        """Count one evaluation; warn (if ``warn``) the first time a fixed step misses the tolerances."""
+    def _warning_counts(self) -> tuple[int, int, int]:
+        """The counts that warn: a fixed step's misses and failures, and refused gradients (any step)."""
+        if self.step is None:  # error control fails only without a solution over the span (or at max_steps)
+            return 0, 0, self.n_unreliable_gradient
+        return self.n_over_tolerance, self.n_failed, self.n_unreliable_gradient
+
+    def record(self, n_steps: int, n_rejected: int, max_error: float, failed: bool, warn: bool = True,
+               unreliable_gradient: bool = False) -> None:
+        """Count one evaluation; warn (if ``warn``) the first time a fixed step misses the tolerances and the
+        first time a gradient is refused (``unreliable_gradient``: a failure of that kind)."""
         if os.getpid() != self._counting_pid:
             self._count_in_this_process()
         self.n_evaluations += 1
@@ -232,6 +281,13 @@ class SolverDiagnostics:
         self.n_rejected += int(n_rejected)
         if os.getpid() != self._owner_pid and time.monotonic() - self._last_flush > _FLUSH_INTERVAL:
             self.flush()
+        if unreliable_gradient:
+            self.n_failed += 1
+            self.n_unreliable_gradient += 1
+            if warn and not self._warned_gradient:
+                self._warned_gradient = True
+                warnings.warn(self.message(), AccuracyWarning, stacklevel=3)
+            return
         if failed:
             self.n_failed += 1
             if self.step is None:  # error control fails only without a solution over the span (or at max_steps)
@@ -246,16 +302,24 @@ class SolverDiagnostics:
             warnings.warn(self.message(), AccuracyWarning, stacklevel=3)
 
     def message(self) -> str:
-        """What went wrong, with counts and a suggested step."""
-        advice = (f"Use step={self.suggested_step:.3g} or smaller, or step=None for error-controlled steps."
-                  if self.suggested_step else "Use a smaller step, or step=None for error-controlled steps.")
-        return (
-            f"{self.label}: the fixed step {self.step:g} misses the tolerances at {self.n_over_tolerance} and "
-            f"fails (-inf: non-finite, diverging or over max_steps) at {self.n_failed} of {self.n_evaluations} "
-            f"evaluations so far "
-            f"(largest scaled local error {self.max_error:.3g}; 1 = at tolerance). Where it misses them the "
-            f"likelihood can be far from the exact one. {advice}"
-        )
+        """What went wrong, with counts (and, for a fixed step, a suggested step)."""
+        parts = []
+        if self.step is not None and (self.n_over_tolerance or self.n_failed > self.n_unreliable_gradient):
+            advice = (f"Use step={self.suggested_step:.3g} or smaller, or step=None for error-controlled steps."
+                      if self.suggested_step else "Use a smaller step, or step=None for error-controlled steps.")
+            parts.append(
+                f"the fixed step {self.step:g} misses the tolerances at {self.n_over_tolerance} and fails (-inf: "
+                f"non-finite, diverging or over max_steps) at {self.n_failed - self.n_unreliable_gradient} of "
+                f"{self.n_evaluations} evaluations so far (largest scaled local error {self.max_error:.3g}; 1 = at "
+                f"tolerance). Where it misses them the likelihood can be far from the exact one. {advice}"
+            )
+        if self.n_unreliable_gradient:
+            parts.append(
+                f"{self.n_unreliable_gradient} of {self.n_evaluations} evaluations were refused (-inf) because their "
+                f"gradient was rounding noise (the filter's gain is huge there, e.g. near an unstable invariant "
+                f"set of the ODE; see docs/fenrir.md, 'Gradients on strongly unstable invariant sets')."
+            )
+        return f"{self.label}: " + " ".join(parts)
 
     def as_dict(self) -> dict:
         """The counts as a plain dictionary."""
@@ -265,6 +329,7 @@ class SolverDiagnostics:
             "n_rejected": self.n_rejected,
             "n_over_tolerance": self.n_over_tolerance,
             "n_failed": self.n_failed,
+            "n_unreliable_gradient": self.n_unreliable_gradient,
             "max_error": self.max_error,
             "suggested_step": self.suggested_step,
         }

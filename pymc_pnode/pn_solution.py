@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import namedtuple
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numba as nb
 import numpy as np
@@ -23,6 +23,7 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from pymc_pnode._jit import readonly, register_object_mode
+from pymc_pnode.accuracy import RESCALE, SolverDiagnostics, needs_rounding_check, reproducible
 from pymc_pnode.differential_equation import flag_failed_solve
 from pymc_pnode.filtering.structure import STRUCTURES
 from pymc_pnode.filtering.tangents import StepTangents, block_filter_tangents, filter_tangents, stored_run
@@ -46,7 +47,8 @@ class PNSolutionProblem:
     """One ODE filter solve per evaluation, reporting its marginals at ``times`` and their tangents.
 
     Attributes mirror the arguments of :func:`probabilistic_solution`; ``diffusion`` is ``None`` for the
-    calibrated (global quasi-maximum-likelihood) diffusion.
+    calibrated (global quasi-maximum-likelihood) diffusion. ``diagnostics`` counts the evaluations (failed solves,
+    and Jacobians refused as rounding noise, which warn).
     """
 
     ode: ODE
@@ -59,6 +61,8 @@ class PNSolutionProblem:
     diffusion: float | None
     smooth: bool = False
     joint_cov: bool = False
+    diagnostics: SolverDiagnostics = field(default_factory=lambda: SolverDiagnostics(label="probabilistic_solution"),
+                                           repr=False)
 
     @property
     def n_directions(self) -> int:
@@ -73,10 +77,11 @@ class PNSolutionProblem:
         """Values and Jacobians of one solve.
 
         A failed solve gives ``log_ok = [-inf]``, the last marginals it reached (the initial state if
-        none) in place of the missing ones, an identity covariance across times and zero Jacobians.
+        none) in place of the missing ones, an identity covariance across times and zero Jacobians. So does a
+        solve whose Jacobians are rounding noise (:mod:`pymc_pnode.accuracy`: where the filter's gain is huge,
+        e.g. near an unstable invariant set); it is counted in :attr:`diagnostics` and warns once.
         """
         ode, q, d = self.ode, self.solver.order, self.ode.n_states
-        n_out, n_dir, n_cov = self.times.size, self.n_directions, self.n_cov
         # writable copies of the right sizes (the generated functions take writable arrays)
         y0 = np.array(y0, dtype=np.float64).reshape(d)
         theta = np.array(theta, dtype=np.float64).reshape(ode.n_theta)
@@ -84,22 +89,36 @@ class PNSolutionProblem:
                     rtol=self.rtol, atol=self.atol, save_at=self.times, smooth=self.smooth,
                     max_steps=self.max_steps, diffusion="calibrated" if self.diffusion is None else self.diffusion)
         if not sol.success:
-            mean, std = np.zeros((n_out, d)), np.zeros((n_out, d))
-            reached = sol.mean.shape[0]
-            mean[:reached], std[:reached] = sol.mean, sol.std
-            mean[reached:] = sol.mean[-1] if reached else y0
-            std[reached:] = sol.std[-1] if reached else 0.0
-            return Evaluation(mean, std, np.eye(n_cov), np.zeros((n_out, d, n_dir)), np.zeros((n_out, d, n_dir)),
-                              np.zeros((n_cov, n_cov, n_dir)), np.array([-np.inf]))
+            self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], 0.0, failed=True)
+            return self._failed(sol, y0)
         taylor_jac = ode.taylor_functions(q)[1]
         dy, dp = np.empty((q + 1, d, d)), np.empty((q + 1, d, ode.n_theta))
         taylor_jac(y0, ode.t0, theta, dy, dp)
+        seeds = np.concatenate([dy, dp], axis=2).reshape((q + 1) * d, self.n_directions)
+        jac_mean, jac_std, cov, jac_cov, rounding = self._jacobians(sol, theta, seeds)
+        refused = False
+        if needs_rounding_check(rounding):
+            again = self._jacobians(sol, theta, seeds * RESCALE)
+            refused = not reproducible((jac_mean, jac_std, jac_cov), (again[0], again[1], again[3]))
+        self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], 0.0, failed=refused,
+                                unreliable_gradient=refused)
+        if refused:
+            return self._failed(sol, y0)
+        return Evaluation(sol.mean, sol.std, cov.reshape(self.n_cov, self.n_cov), jac_mean, jac_std,
+                          jac_cov.reshape(self.n_cov, self.n_cov, self.n_directions), np.array([0.0]))
+
+    def _jacobians(self, sol, theta: np.ndarray, seeds: np.ndarray):
+        """Jacobians of the solve ``sol`` from the initial mean's tangents ``seeds`` ``(D, P)``: ``(jac_mean,
+        jac_std, cov, jac_cov, rounding)`` (``cov`` the covariance across times, ``rounding`` the tangents'
+        largest rounding bound)."""
+        ode, d = self.ode, self.ode.n_states
+        n_out, n_dir = self.times.size, self.n_directions
         run = stored_run(sol.run.grid, sol.run.mu, sol.run.r, sol.run.kappa, sol.out_index)
         n_kept, dd = (run.grid.size if self.smooth else 1), run.mu.shape[1]
         steps = StepTangents(np.zeros((n_kept, dd, n_dir)), np.zeros((n_kept, n_dir) + run.r.shape[1:]))
-        steps.dmu[0] = np.concatenate([dy, dp], axis=2).reshape(dd, n_dir)
+        steps.dmu[0] = seeds
         tangents = filter_tangents if run.r.ndim == 3 else block_filter_tangents
-        dmean, dvar, dstat = tangents(  # (EK0 does not call the second derivatives)
+        dmean, dvar, dstat, rounding = tangents(  # (EK0 does not call the second derivatives)
             ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, run, steps,
             readonly(self.solver.prior.Q_bar_sqrt), self.solver.ek1,
         )
@@ -115,8 +134,18 @@ class PNSolutionProblem:
         jac_std = np.zeros((n_out, d, n_dir))
         positive = sol.std > 0.0
         jac_std[positive] = dvar[positive] / (2.0 * sol.std[positive])[:, None]
-        return Evaluation(sol.mean, sol.std, cov.reshape(n_cov, n_cov), dmean, jac_std,
-                          dcov.reshape(n_cov, n_cov, n_dir), np.array([0.0]))
+        return dmean, jac_std, cov, dcov, rounding
+
+    def _failed(self, sol, y0: np.ndarray) -> Evaluation:
+        """The :class:`Evaluation` of a refused solve: the marginals it reached, zero Jacobians, ``log_ok = -inf``."""
+        n_out, d, n_dir, n_cov = self.times.size, self.ode.n_states, self.n_directions, self.n_cov
+        mean, std = np.zeros((n_out, d)), np.zeros((n_out, d))
+        reached = min(sol.mean.shape[0], n_out)
+        mean[:reached], std[:reached] = sol.mean[:reached], sol.std[:reached]
+        mean[reached:] = sol.mean[reached - 1] if reached else y0
+        std[reached:] = sol.std[reached - 1] if reached else 0.0
+        return Evaluation(mean, std, np.eye(n_cov), np.zeros((n_out, d, n_dir)), np.zeros((n_out, d, n_dir)),
+                          np.zeros((n_cov, n_cov, n_dir)), np.array([-np.inf]))
 
 
 class PNSolutionOp(Op):

@@ -615,7 +615,10 @@ def test_default_fenrir_posterior_matches_exact_likelihood_with_multiprocess_cha
     # the chains' evaluations, counted in the worker processes, reach this one
     counts = pn.fenrir_diagnostics(model)["V"]
     n_gradients = int(idata.sample_stats["n_steps"].sum())  # leapfrog steps of the kept draws
-    assert counts.n_evaluations >= in_process + n_gradients and counts.n_failed == 0
+    assert counts.n_evaluations >= in_process + n_gradients
+    # No solve fails; a gradient refused as rounding noise (reached early in tuning at extreme stiffness) is the
+    # only kind of -inf allowed here.
+    assert counts.n_failed == counts.n_unreliable_gradient <= 10
     assert counts.n_steps > 10 * counts.n_evaluations  # error control took steps in every evaluation
 
 

@@ -106,8 +106,9 @@ FenrirArguments = namedtuple(
 # The backward Kalman filter's states before and after the data at each grid point, and its gains.
 DataFilterRun = namedtuple("DataFilterRun", ["m_pre", "r_pre", "m_post", "r_post", "gs"])
 # What the data filter's adjoint leaves for the ODE filter's: its deposits on (μ_n, Σ_n), each step's κ̄
-# share and the predicted covariances Σ⁻_n it formed from their roots.
-Deposits = namedtuple("Deposits", ["mean", "cov", "kbar_step", "sig_pred"])
+# share, the predicted covariances Σ⁻_n it formed from their roots and (``rounding[0]``) the largest rounding
+# bound of its updates (:func:`~.update.congruence_rounding`).
+Deposits = namedtuple("Deposits", ["mean", "cov", "kbar_step", "sig_pred", "rounding"])
 KBAR_ADD, KBAR_STORE, KBAR_LOCAL, KBAR_NONE = 0, 1, 2, 3  # what a reverse sweep does with each step's κ̄
 
 
@@ -180,14 +181,15 @@ def _data_filter_adjoint(
     n_seen = model.n_seen
     n_pts = mu_pred.shape[0]
     m = model.data.shape[1]
-    dep = Deposits(np.zeros((n_pts, dd)), np.zeros((n_pts, dd, dd)), np.zeros(n_pts), np.empty((n_pts, dd, dd)))
-    inj_mu, inj_sig, kbar_step, sig_pred = dep
+    dep = Deposits(np.zeros((n_pts, dd)), np.zeros((n_pts, dd, dd)), np.zeros(n_pts), np.empty((n_pts, dd, dd)),
+                   np.zeros(1))
+    inj_mu, inj_sig, kbar_step, sig_pred, _ = dep
     bar = Cotangent(np.zeros(dd), np.zeros((dd, dd)))
     mbar, sbar = bar
     sig_pre = np.empty((dd, dd))
     sig_next = np.empty((dd, dd))
     obs = GaussianObservation(np.zeros((m, dd)), np.zeros(m), np.empty(m), m)
-    out = UpdateAdjointOut(np.empty(m), np.empty(m), np.zeros((m, dd)))
+    out = UpdateAdjointOut(np.empty(m), np.empty(m), np.zeros((m, dd)), np.zeros(1))
     upd_work = update_adjoint_work(dd, m)
     work = backward_adjoint_work(dd)
     gbar, ymat, sig, _, vec_a, vec_b = work
@@ -216,6 +218,7 @@ def _data_filter_adjoint(
         kbar_step[n + 1] = predict_adjoint(step, rq, q, d, vec_a, sig, gbar, vec_b, ymat)
         inj_mu_n += vec_b
         inj_sig_n += ymat
+    dep.rounding[0] = out.rounding[0]
     return dep, True
 
 
@@ -230,7 +233,8 @@ def _dense_data_phase(run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments
     model = observation_model(args.data, args.cmat, args.sigma, args.sigma_dir)
     store, finite = _data_filter(run, obs_at, model, rq, q, d, terms, args.want_grad)
     if not (finite and args.want_grad):
-        return Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), np.zeros(0), np.zeros((0, dd, dd))), finite
+        empty = Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), np.zeros(0), np.zeros((0, dd, dd)), np.zeros(1))
+        return empty, finite
     return _data_filter_adjoint(run, store, obs_at, model, args.cotangent, rq, q, d, grad_sigma)
 
 
@@ -247,7 +251,7 @@ def _block_data_phase(run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments
     want = args.want_grad
     kept = n_pts if want else 0
     dep = Deposits(np.zeros((kept, q1 * d)), np.zeros((kept,) + r.shape[1:]), np.zeros(n_pts),
-                   np.empty((kept,) + r.shape[1:]))
+                   np.empty((kept,) + r.shape[1:]), np.zeros(1))
     for n in range(1, kept):
         block_gram(r_pred[n], dep.sig_pred[n])
     mu1, mu_pred1 = np.empty((n_pts, q1)), np.empty((n_pts, q1))
@@ -275,6 +279,7 @@ def _block_data_phase(run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments
                 scatter_state(dep1.mean[n], q, d, i, dep.mean[n])
                 dep.cov[n, b] += dep1.cov[n]
                 dep.kbar_step[n] += dep1.kbar_step[n]
+            dep.rounding[0] = max(dep.rounding[0], dep1.rounding[0])
     return dep, True
 
 
@@ -282,7 +287,7 @@ def _block_data_phase(run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments
 def _filter_adjoint(
     field: VectorField, derivs: FieldDerivatives, run: ForwardRun, rq: np.ndarray, q: int, d: int,
     start: Cotangent, deposits: Deposits, weights: tuple[float, int], grad: np.ndarray,
-) -> tuple[Cotangent, bool]:
+) -> tuple[Cotangent, bool, float]:
     """One reverse sweep of the ODE filter ``run`` (backward in time), to the adjoint of its initial mean.
 
     The sweep starts from ``start`` (adjoints of the last ``(μ, Σ)``) and adds ``deposits`` (when it has
@@ -295,7 +300,7 @@ def _filter_adjoint(
     """
     dd = (q + 1) * d
     grid, _, _, r, mu_pred, r_pred, lin, zhat, steps, _, local_kappa = run
-    inj_mu, inj_sig, kbar_step, sig_pred_dep = deposits
+    inj_mu, inj_sig, kbar_step, sig_pred_dep, _ = deposits
     n_pts = grid.shape[0]
     k = field.theta.shape[0]
     w_stat, kbar_mode = weights
@@ -305,7 +310,7 @@ def _filter_adjoint(
     bar = Cotangent(start.mean.copy(), start.cov.copy())
     mbar, sbar = bar
     hm, noise_var = np.zeros((d, dd)), np.zeros(d)
-    out = UpdateAdjointOut(np.empty(d), np.empty(d), np.zeros((d, dd)))
+    out = UpdateAdjointOut(np.empty(d), np.empty(d), np.zeros((d, dd)), np.zeros(1))
     upd_work = update_adjoint_work(dd, d)
     lin_work = linearisation_adjoint_work(d, k)
     err_work = local_error_work(q, d)
@@ -329,7 +334,7 @@ def _filter_adjoint(
             matmul_tn(r_pred[n], r_pred[n], sig_pred)
         if not update_adjoint(GaussianObservation(hm, noise_var, zhat[n], d), sig_pred, sig_post, mu_pred[n],
                               (w_stat, 0.0), bar, field.ek1, out, upd_work):
-            return bar, False
+            return bar, False, out.rounding[0]
         step = steps[n]
         zbar[:] = 0.0
         jbar[:, :] = 0.0
@@ -348,14 +353,14 @@ def _filter_adjoint(
         if inject:
             mbar += inj_mu[n - 1]
             sbar += inj_sig[n - 1]
-    return bar, True
+    return bar, True, out.rounding[0]
 
 
 @nb.njit(inline="always", **INLINE_JIT)
 def _block_filter_adjoint(
     field: VectorField, derivs: FieldDerivatives, run: ForwardRun, rq: np.ndarray, q: int, d: int,
     start: Cotangent, deposits: Deposits, weights: tuple[float, int], grad: np.ndarray,
-) -> tuple[Cotangent, bool]:
+) -> tuple[Cotangent, bool, float]:
     """:func:`_filter_adjoint` for block-diagonal and isotropic runs (:mod:`.structure`).
 
     The dense sweep keeps its own loop: written through these block operations (bundled work and primal
@@ -363,7 +368,7 @@ def _block_filter_adjoint(
     """
     dd = (q + 1) * d
     grid, _, _, r, mu_pred, r_pred, lin, zhat, steps, _, local_kappa = run
-    inj_mu, inj_sig, kbar_step, sig_pred_dep = deposits
+    inj_mu, inj_sig, kbar_step, sig_pred_dep, _ = deposits
     n_pts = grid.shape[0]
     k = field.theta.shape[0]
     w_stat, kbar_mode = weights
@@ -391,7 +396,7 @@ def _block_filter_adjoint(
         kbar_local = kbar_step[n] if kbar_mode == KBAR_LOCAL and local_kappa[n] > KAPPA_FLOOR else 0.0
         primal = UpdatePrimal(r[n], mu_pred[n], lin[n], zhat[n], step)
         if not block_update_adjoint(sig_pred, primal, rq, (q, d, field.ek1), (w_stat, kbar_local), bar, work):
-            return bar, False
+            return bar, False, work.out.rounding[0]
         linearise_adjoint(field, derivs, t, xi, lin[n], d, work.cot, mbar, grad_theta, lin_work, True)  # L = diag J
         # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of the data filter on (μ, Σ)_{n−1}.
         kbar_n = block_prediction_adjoint(step, rq, q, d, mbar, sbar, congruence_work, mbar_prev, sig_prev)
@@ -404,7 +409,7 @@ def _block_filter_adjoint(
         if inject:
             mbar += inj_mu[n - 1]
             sbar += inj_sig[n - 1]
-    return bar, True
+    return bar, True, work.out.rounding[0]
 
 
 @nb.njit(inline="always", **INLINE_JIT)
@@ -489,7 +494,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
         n_obs = args.data.shape[0]
         terms = np.zeros(n_obs)
         grad = np.zeros(d + k + args.n_sigma + 1)
-        info = np.zeros(5)
+        info = np.zeros(6)
         field = VectorField(rhs, jac_y, theta, args.ek1)
 
         # ---------------------------------------------------------------- forward ODE filter
@@ -547,6 +552,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
         # ---------------------------------------------------------------- reverse sweep
         for n in range(1, n_pts):
             grad[kdir] += dep.kbar_step[n]
+        info[5] = dep.rounding[0]
         # Part 2: adjoint of the ODE filter (backward in time). With global calibration a second sweep carries
         # the path through κ̂ = κ̂₀ Σ ẑᵀS_κ̂₀⁻¹ẑ / (N d): cotangent ∂L/∂κ · κ̂₀ / (N d) on every ẑᵀS⁻¹ẑ. With
         # local calibration the first sweep collects each step's κ̄_n (part 1's share plus ⟨Σ̄⁻_n, Q_n⟩) and the
@@ -559,15 +565,19 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
             if n_sweep == 1:
                 shape = root_shape(r0, q, d)
                 start = Cotangent(np.zeros(dd), np.zeros(shape))
-                deposits = Deposits(np.zeros((0, dd)), np.zeros((0,) + shape), dep.kbar_step, dep.sig_pred)
+                deposits = Deposits(np.zeros((0, dd)), np.zeros((0,) + shape), dep.kbar_step, dep.sig_pred,
+                                    dep.rounding)
                 if mode == DIFFUSION_GLOBAL:
                     sweep = (-2.0 * grad[kdir] * kappa / ((n_pts - 1) * d), KBAR_NONE)
                 else:
                     sweep_run, sweep = unit_run, (0.0, KBAR_LOCAL)
             if r0.ndim == 2:  # the structure (a compile-time branch: r0 is an argument)
-                bar, finite = _filter_adjoint(field, derivs, sweep_run, rq, q, d, start, deposits, sweep, grad)
+                bar, finite, rounding = _filter_adjoint(field, derivs, sweep_run, rq, q, d, start, deposits, sweep,
+                                                        grad)
             else:
-                bar, finite = _block_filter_adjoint(field, derivs, sweep_run, rq, q, d, start, deposits, sweep, grad)
+                bar, finite, rounding = _block_filter_adjoint(field, derivs, sweep_run, rq, q, d, start, deposits,
+                                                              sweep, grad)
+            info[5] = max(info[5], rounding)
             if not finite:
                 return terms, grad, False, info, stops[:1]
             _initial_state_adjoint(taylor_vjp, args, stops[0], bar.mean, q, d, grad)

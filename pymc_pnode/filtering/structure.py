@@ -196,7 +196,8 @@ def block_adjoint_work(r_row: np.ndarray, q: int, d: int) -> BlockAdjointWork:
     q1 = q + 1
     cot = LinearisationCotangents(np.zeros(d), np.zeros((d, d)), np.zeros(d), np.zeros((d, d)))
     return BlockAdjointWork(np.zeros((1, q1)), np.zeros(1), np.empty((q1, q1)),
-                            UpdateAdjointOut(np.empty(1), np.empty(1), np.zeros((1, q1))), update_adjoint_work(q1, 1),
+                            UpdateAdjointOut(np.empty(1), np.empty(1), np.zeros((1, q1)), np.zeros(1)),
+                            update_adjoint_work(q1, 1),
                             local_error_work(q, 1), cot, np.zeros((1, 1)), np.empty(1), np.empty(q1), np.empty(q1),
                             np.empty((q1, q1)), np.zeros(1), np.zeros((1, 1)), np.empty(root_shape(r_row, q, d)))
 

@@ -31,6 +31,7 @@ from pymc_pnode.filtering.linalg import matmul, matmul_nt, matmul_tn, solve_gram
 from pymc_pnode.filtering.predict import predict_root
 from pymc_pnode.filtering.prior import add_noise, apply_transition, congruence, set_step, transition_matrix
 from pymc_pnode.filtering.smoother import backward_gain, backward_work
+from pymc_pnode.filtering.update import congruence_rounding, scaled_gain_sq, scaled_norm_sq, state_scales
 
 __all__ = ["SmoothedRun", "StepTangents", "StoredRun", "block_filter_tangents", "filter_tangents", "smoothing_tangents",
            "stored_run"]
@@ -125,9 +126,10 @@ def finish_step(n: int, steps, out_index: np.ndarray, k_out: int, dmu: np.ndarra
 
 
 # One Kalman update with its linearisation, as the tangents read it: Σ⁻, H, Σ⁻Hᵀ, K = Σ⁻HᵀS⁻¹, S⁻¹, B = I − KH,
-# Σ = BΣ⁻Bᵀ, the residual ẑ and S⁻¹ẑ.
+# Σ = BΣ⁻Bᵀ, the residual ẑ and S⁻¹ẑ; for the rounding bound (:func:`~.update.congruence_rounding`) the inverse
+# predicted standard deviations (the weights of a tangent's scaled norm) and ‖K H‖² in those coordinates.
 LinearisedUpdate = namedtuple("LinearisedUpdate", ["sig_pred", "h", "ph", "gain", "s_inv", "b", "sig_post", "z",
-                                                   "s_inv_z"])
+                                                   "s_inv_z", "inv_scale", "gain_sq"])
 
 
 @nb.njit(**INLINE_JIT)
@@ -137,19 +139,26 @@ def linearised_update(sig_pred: np.ndarray, h: np.ndarray, z: np.ndarray) -> Lin
     s_inv = np.linalg.inv(h @ ph)
     gain = ph @ s_inv
     b = np.eye(sig_pred.shape[0]) - gain @ h
-    return LinearisedUpdate(sig_pred, h, ph, gain, s_inv, b, b @ sig_pred @ b.T, z, s_inv @ z)
+    scale, inv_scale = np.empty(sig_pred.shape[0]), np.zeros(sig_pred.shape[0])
+    state_scales(sig_pred, scale)
+    for a in range(scale.shape[0]):
+        if scale[a] > 0.0:
+            inv_scale[a] = 1.0 / scale[a]
+    return LinearisedUpdate(sig_pred, h, ph, gain, s_inv, b, b @ sig_pred @ b.T, z, s_inv @ z, inv_scale,
+                            scaled_gain_sq(gain, h, h.shape[0], scale))
 
 
 # Work arrays of :func:`update_tangent` for a state of size D observed through m rows; the caller writes the
-# tangents of the predicted mean and covariance into ``dmu_pred`` and ``dsig_pred``.
-TangentWork = namedtuple("TangentWork", ["dmu_pred", "dsig_pred", "dph", "ds", "dgain", "dh_sig", "bx"])
+# tangents of the predicted mean and covariance into ``dmu_pred`` and ``dsig_pred``. ``rounding[0]`` keeps the
+# largest rounding bound of the covariance tangents' congruences (:func:`~.update.congruence_rounding`).
+TangentWork = namedtuple("TangentWork", ["dmu_pred", "dsig_pred", "dph", "ds", "dgain", "dh_sig", "bx", "rounding"])
 
 
 @nb.njit(**INLINE_JIT)
 def tangent_work(dd: int, m: int) -> TangentWork:
     """:class:`TangentWork` for ``D = dd`` states and ``m`` observation rows."""
     return TangentWork(np.empty(dd), np.empty((dd, dd)), np.empty((dd, m)), np.empty((m, m)), np.empty((dd, m)),
-                       np.empty((m, dd)), np.empty((dd, dd)))
+                       np.empty((m, dd)), np.empty((dd, dd)), np.zeros(1))
 
 
 @nb.njit(**INLINE_JIT)
@@ -161,10 +170,10 @@ def update_tangent(update: LinearisedUpdate, dh: np.ndarray, dz: np.ndarray, wor
     Σ in Joseph form ``B Σ⁻ Bᵀ``: stationary in ``K``, so ``dK`` drops out, and ``B`` projects out the rounding
     errors of ``dΣ⁻`` in the directions the update pins (the plain form's ``dΣ⁻ − d(K S Kᵀ)`` lets them grow
     exponentially along an EK1 solve). No allocation: products with ``m``-row factors are loops, and ``K dH Σ``
-    is ``K (dH Σ)`` (``O(m D²)``).
+    is ``K (dH Σ)`` (``O(m D²)``). The congruence's rounding bound joins ``work.rounding``.
     """
-    sig_pred, h, ph, gain, s_inv, b, sig_post, z, s_inv_z = update
-    dmu_pred, dsig_pred, dph, ds, dgain, dh_sig, bx = work
+    sig_pred, h, ph, gain, s_inv, b, sig_post, z, s_inv_z, inv_scale, gain_sq = update
+    dmu_pred, dsig_pred, dph, ds, dgain, dh_sig, bx, rounding = work
     dd, m = ph.shape
     for a in range(dd):  # dPH = dΣ⁻ Hᵀ + Σ⁻ dHᵀ
         for i in range(m):
@@ -202,12 +211,16 @@ def update_tangent(update: LinearisedUpdate, dh: np.ndarray, dz: np.ndarray, wor
             dh_sig[i, c] = v
     matmul(b, dsig_pred, bx)  # dΣ = B dΣ⁻ Bᵀ − K dH Σ − (K dH Σ)ᵀ
     matmul_nt(bx, b, dsig)
+    norm_out = 0.0  # ‖T⁻¹ dΣ T⁻¹‖², for the rounding bound
     for a in range(dd):
         for c in range(dd):
             v = 0.0
             for i in range(m):
                 v += gain[a, i] * dh_sig[i, c] + gain[c, i] * dh_sig[i, a]
             dsig[a, c] -= v
+            v = inv_scale[a] * dsig[a, c] * inv_scale[c]
+            norm_out += v * v
+    rounding[0] = max(rounding[0], congruence_rounding(gain_sq, scaled_norm_sq(dsig_pred, inv_scale), norm_out))
     lin, quad = 0.0, 0.0
     for i in range(m):
         lin += s_inv_z[i] * dz[i]
@@ -225,9 +238,10 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
     at every step if it has room); the root ``rq`` of ``Q̄`` (``(q + 1, q + 1)``: it sets the IWP order ``q``,
     and ``D = (q + 1) d`` the number of states); EK1 or EK0.
 
-    Returns ``(dmean, dvar, dstat)``: the tangents of ``E0 μ`` (``(K, d, P)``) and of the variances
-    ``diag(E0 Σ E0ᵀ)`` (``(K, d, P)``) at the output steps, and the tangent (``(P,)``) of the calibration
-    statistic ``Σ_n ẑᵀ S⁻¹ ẑ`` (its value is the run's own ``stat_sum``).
+    Returns ``(dmean, dvar, dstat, rounding)``: the tangents of ``E0 μ`` (``(K, d, P)``) and of the variances
+    ``diag(E0 Σ E0ᵀ)`` (``(K, d, P)``) at the output steps, the tangent (``(P,)``) of the calibration
+    statistic ``Σ_n ẑᵀ S⁻¹ ẑ`` (its value is the run's own ``stat_sum``) and the largest rounding bound of the
+    covariance tangents (:func:`~.update.congruence_rounding`; :mod:`pymc_pnode.accuracy` checks it).
     """
     ts, mus, rs, kappas, out_index = run
     q = rq.shape[0] - 1
@@ -293,7 +307,7 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
             for c in range(dd):
                 dmu[c, j] = new_dmu[c]
         k_out = finish_step(n + 1, steps, out_index, k_out, dmu, dsig, dmean, dvar)
-    return dmean, dvar, dstat
+    return dmean, dvar, dstat, work.rounding[0]
 
 
 _R4 = nb.types.Array(nb.float64, 4, "C", readonly=True)
@@ -389,7 +403,7 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
         dmu[:, :] = new_dmu
         dsig, new_dsig = new_dsig, dsig  # every block of new_dsig was written
         k_out = finish_step(n + 1, steps, out_index, k_out, dmu, dsig, dmean, dvar)
-    return dmean, dvar, dstat
+    return dmean, dvar, dstat, work.rounding[0]
 
 
 _SMOOTHING_SIG = (_STORED_RUN_T, _SMOOTHED_RUN_T, _STEP_TANGENTS_T, _R2, nb.boolean)

@@ -9,6 +9,7 @@ covariances, shared by the ODE update and the Fenrir data update (Tronarp, Bosch
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 
 import numba as nb
@@ -29,8 +30,9 @@ GaussianObservation = namedtuple("GaussianObservation", ["hm", "noise_var", "res
 # Adjoints of a Gaussian's mean and covariance.
 Cotangent = namedtuple("Cotangent", ["mean", "cov"])
 # What :func:`update_adjoint` returns besides the cotangent: adjoints of the residual, of the noise
-# variances (diagonal of S̄) and of H.
-UpdateAdjointOut = namedtuple("UpdateAdjointOut", ["rbar", "sdiag", "hbar"])
+# variances (diagonal of S̄) and of H; ``rounding[0]`` keeps the largest bound on the relative rounding error of Σ̄⁻
+# (:func:`congruence_rounding`) over the updates it has served.
+UpdateAdjointOut = namedtuple("UpdateAdjointOut", ["rbar", "sdiag", "hbar", "rounding"])
 UpdateAdjointWork = namedtuple("UpdateAdjointWork", ["wk", "wm", "wv"])
 # Cotangents reaching one linearisation: of the residual ẑ through the update (rbar) and through the local
 # diffusion (zbar), of H (hbar) and of L through the local diffusion (jbar).
@@ -219,6 +221,65 @@ def spd_inverse(s: np.ndarray, n: int, inv: np.ndarray, work: np.ndarray) -> boo
     return True
 
 
+@nb.njit(**INLINE_JIT)
+def congruence_rounding(gain_sq: float, norm_in_sq: float, norm_out_sq: float) -> float:
+    """How much float64 rounding can change the result of a congruence with ``Φ = I − K H``, relative to it.
+
+    The update's covariance adjoint ``Σ̄⁻ = Φᵀ Σ̄⁺ Φ + …`` and the covariance tangent ``dΣ = Φ dΣ⁻ Φᵀ + …`` both
+    apply it. Its input arrives with relative errors of about ``ε`` (the rounding of the steps before it); a
+    perturbation ``δ`` becomes ``Φᵀ δ Φ``, so ``ε ‖Φ‖² ‖in‖ / ‖out‖`` bounds the relative change of the result to
+    first order, with ``‖Φ‖ ≤ 1 + ‖K H‖``. Large where the result cancels: a huge gain (an unstable mode that the
+    ODE measurement barely sees) and an input that the exact congruence nearly annihilates. Norms are Frobenius
+    norms in coordinates that scale every state by its predicted standard deviation (rounding is blind to such
+    scalings; unscaled, ``‖K H‖`` mostly measures the units of the derivatives): ``gain_sq`` from
+    :func:`scaled_gain_sq`, the squared norms of input and output as :func:`scaled_norm_sq`. Returns 0 for a
+    zero input.
+    """
+    if norm_in_sq == 0.0:
+        return 0.0
+    if norm_out_sq == 0.0:
+        return math.inf
+    return 2.220446049250313e-16 * (1.0 + math.sqrt(gain_sq)) ** 2 * math.sqrt(norm_in_sq / norm_out_sq)
+
+
+@nb.njit(**INLINE_JIT)
+def state_scales(sig_pred: np.ndarray, scale: np.ndarray) -> None:
+    """``scale`` = the predicted standard deviations ``√diag Σ⁻``: the coordinates of :func:`congruence_rounding`."""
+    for a in range(sig_pred.shape[0]):
+        scale[a] = math.sqrt(max(sig_pred[a, a], 0.0))
+
+
+@nb.njit(**INLINE_JIT)
+def scaled_gain_sq(gain: np.ndarray, hm: np.ndarray, rows: int, scale: np.ndarray) -> float:
+    """``Σ_i ‖T⁻¹ K e_i‖² ‖e_iᵀ H T‖²`` (``T = diag(scale)``, ``rows`` rows of ``H``): ``‖K H‖²`` in the scaled
+    coordinates for one row, an upper bound up to a factor ``rows`` for more."""
+    total = 0.0
+    for i in range(rows):
+        g = 0.0
+        for a in range(gain.shape[0]):
+            if scale[a] > 0.0:
+                x = gain[a, i] / scale[a]
+                g += x * x
+        h = 0.0
+        for b in range(hm.shape[1]):
+            x = hm[i, b] * scale[b]
+            h += x * x
+        total += g * h
+    return total
+
+
+@nb.njit(**INLINE_JIT)
+def scaled_norm_sq(x: np.ndarray, weights: np.ndarray) -> float:
+    """``‖W x W‖²`` with ``W = diag(weights)``: a cotangent's norm in the scaled coordinates with ``weights`` the
+    scales, a tangent's with their inverses (0 for a state of zero scale)."""
+    total = 0.0
+    for a in range(x.shape[0]):
+        for b in range(x.shape[1]):
+            v = weights[a] * x[a, b] * weights[b]
+            total += v * v
+    return total
+
+
 @nb.njit(inline="always", **INLINE_JIT)
 def update_adjoint(
     obs: GaussianObservation, sp: np.ndarray, spost: np.ndarray, mu_pred: np.ndarray, weights: tuple[float, float],
@@ -239,7 +300,7 @@ def update_adjoint(
     hm, nv, r, mo = obs
     wq, wl = weights
     mbar, sbar = bar
-    rbar, sdiag, hbar = out
+    rbar, sdiag, hbar, rounding = out
     wk, wm, wv = work
     dd = sp.shape[0]
     u, kg, t1, mh_t = wk[0], wk[1], wk[2], wk[3]
@@ -326,6 +387,10 @@ def update_adjoint(
                     s3 += (wq * alpha[i] * alpha[j] - wl * sinv[i, j]) * u[b, j]
                 acc += s3
                 hbar[i, b] = acc
+    # The rounding bound (congruence_rounding) of this update, its norms in the loop below
+    scale = kr  # (free here)
+    state_scales(sp, scale)
+    gain_sq = scaled_gain_sq(kg, hm, mo, scale)
     # Σ̄⁻ = Σ̄⁺ − T1 H − Hᵀ T1ᵀ + Hᵀ M H − ½ (bm vᵀ + v bmᵀ)   (in place, symmetric)
     for b in range(dd):
         for i in range(mo):
@@ -333,13 +398,18 @@ def update_adjoint(
             for j in range(mo):
                 s += mmat[i, j] * hm[j, b]
             mh_t[b, i] = s
+    norm_post = norm_pre = 0.0  # ‖T Σ̄⁺ T‖², ‖T Σ̄⁻ T‖² (a cotangent scales with T) in the same pass
     for a_ in range(dd):
         for b in range(a_, dd):
             s = sbar[a_, b] - 0.5 * (bm[a_] * v[b] + v[a_] * bm[b])
             for i in range(mo):
                 s += hm[i, a_] * (mh_t[b, i] - t1[b, i]) - t1[a_, i] * hm[i, b]
+            weight = (scale[a_] * scale[b]) ** 2 * (1.0 if a_ == b else 2.0)
+            norm_post += weight * sbar[a_, b] * sbar[a_, b]
+            norm_pre += weight * s * s
             sbar[a_, b] = s
             sbar[b, a_] = s
+    rounding[0] = max(rounding[0], congruence_rounding(gain_sq, norm_post, norm_pre))
     for b in range(dd):
         mbar[b] = bm[b] - wq * v[b]
     for i in range(mo):

@@ -21,7 +21,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.rewriting.basic import register_specialize
 
 from pymc_pnode._jit import register_object_mode
-from pymc_pnode.accuracy import AccuracyWarning, SolverDiagnostics
+from pymc_pnode.accuracy import RESCALE, AccuracyWarning, SolverDiagnostics, needs_rounding_check, reproducible
 from pymc_pnode.filtering.fenrir import FenrirArguments, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import Stepping
@@ -188,6 +188,13 @@ class FenrirProblem:
         terms, _, grid = self._evaluate(y0, theta, data, sigma, kappa, None, SolverDiagnostics(), False)
         return grid.copy() if np.isfinite(terms).all() else np.empty(0)
 
+    def _gradient_reproducible(self, arguments: FenrirArguments, grad: np.ndarray) -> bool:
+        """Whether the reverse sweep's gradient survives other rounding errors: the sweep again with a rescaled
+        cotangent (:func:`~pymc_pnode.accuracy.reproducible`)."""
+        again = arguments._replace(cotangent=arguments.cotangent * RESCALE)
+        _, grad2, ok, _, _ = self.kernel(*self.kernel_arguments(), again, self.initial_root)
+        return bool(ok) and reproducible([grad], [grad2])
+
     def _evaluate(self, y0, theta, data, sigma, kappa, cotangent, diagnostics, warn):
         """:meth:`evaluate`, and the solver grid."""
         ode = self.ode
@@ -208,6 +215,7 @@ class FenrirProblem:
         ok = (kappa > 0 and np.all(sigma_full > 0) and np.all(np.isfinite(y0)) and np.all(np.isfinite(theta)))
         n_steps = n_rejected = 0
         max_err = math.nan
+        unreliable = False
         grid = self.grid[:1]
         if ok:
             arguments = FenrirArguments(
@@ -216,8 +224,12 @@ class FenrirProblem:
             )
             terms, grad, ok, info, grid = self.kernel(*self.kernel_arguments(), arguments, self.initial_root)
             max_err, n_steps, n_rejected = info[0], int(info[2]), int(info[3])
+            if ok and want_grad and needs_rounding_check(info[5]):
+                ok = self._gradient_reproducible(arguments, grad)
+                unreliable = not ok
         (self.diagnostics if diagnostics is None else diagnostics).record(n_steps, n_rejected, max_err,
-                                                                          failed=not ok, warn=warn)
+                                                                          failed=not ok, warn=warn,
+                                                                          unreliable_gradient=unreliable)
         if not ok:
             terms = np.full(data.shape[0], -np.inf)
             grad = np.zeros(self.n_directions)

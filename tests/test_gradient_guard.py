@@ -1,0 +1,173 @@
+"""The guard against rounding-noise gradients of the Fenrir likelihood (docs/fenrir.md, "Gradients on strongly
+unstable invariant sets").
+
+The covariance-form adjoint of an update applies the congruence ``(I − K H)ᵀ · (I − K H)``; with a huge gain
+(``H x`` has a far smaller variance than its terms) float64 rounding can swamp the result. The kernel bounds
+that rounding at every update (:func:`~pymc_pnode.filtering.update.congruence_rounding`); above a threshold the
+gradient is recomputed with other rounding errors and refused (``-inf``, counted, warned) if it changed.
+"""
+
+import warnings
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from scipy.integrate import solve_ivp
+
+import pymc_pnode as pn
+from pymc_pnode.accuracy import ROUNDING_CHECK
+from pymc_pnode.filtering.update import (
+    Cotangent,
+    GaussianObservation,
+    UpdateAdjointOut,
+    update_adjoint,
+    update_adjoint_work,
+)
+
+
+def _adjoint_in_float64(sp, hm, sbar):
+    """The package's update adjoint with no mean or likelihood cotangent: ``Σ̄⁻ = (I − K H)ᵀ Σ̄⁺ (I − K H)``, and
+    its rounding bound."""
+    n = sp.shape[0]
+    bar = Cotangent(np.zeros(n), sbar.copy())
+    out = UpdateAdjointOut(np.empty(1), np.empty(1), np.zeros((1, n)), np.zeros(1))
+    assert update_adjoint(GaussianObservation(hm, np.zeros(1), np.zeros(1), 1), sp, sp, np.zeros(n), (0.0, 0.0),
+                          bar, False, out, update_adjoint_work(n, 1))
+    return bar.cov, out.rounding[0]
+
+
+def _scaled_norm(x, sp):
+    """Frobenius norm in the coordinates of the bound (each state scaled by its standard deviation)."""
+    s = np.sqrt(np.diag(sp))
+    return np.linalg.norm(s[:, None] * x * s)
+
+
+def _covariances(n_big):
+    """States (a, b, c) with b = a − c, var a = n_big², var c = 1, observed as z = a − b = c. For large n_big
+    the gain is huge in scaled coordinates (z is c exactly, but as a − b its terms are n_big times larger). The
+    entries are integers, so S = 1 and K = (0, −1, 1) are exact in float64."""
+    big = float(n_big) ** 2
+    sp = np.array([[big, big, 0.0], [big, big + 1.0, -1.0], [0.0, -1.0, 1.0]])
+    return sp, np.array([[1.0, -1.0, 0.0]])
+
+
+@pytest.mark.parametrize("n_big", [1.0, 1e3, 1e6])
+def test_rounding_bound_is_the_adjoint_steps_sensitivity_to_rounding_of_its_input(n_big):
+    # Σ̄⁺ carries rounding errors of relative size ε (in the scaled norm) from the steps after this one; the
+    # bound says how much they can change Σ̄⁻, relative to it. Σ̄⁺ is chosen orthogonal to K, so that the
+    # congruence cancels (the exact Σ̄⁻ is Σ̄⁺): the case where a huge gain shows. The bound must hold, and be
+    # nearly attained.
+    sp, hm = _covariances(n_big)
+    rng = np.random.default_rng(1)
+    w = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]).T @ rng.standard_normal((2, 2))  # columns ⊥ K = (0, −1, 1)
+    sbar = w @ w.T
+    value, bound = _adjoint_in_float64(sp, hm, sbar)
+    # a perturbation of scaled norm ε ‖Σ̄⁺‖ (random in the scaled coordinates), mapped back
+    scaled = rng.standard_normal((3, 3))
+    scaled = (scaled + scaled.T) * np.finfo(float).eps * _scaled_norm(sbar, sp) / np.linalg.norm(scaled + scaled.T)
+    s = np.sqrt(np.diag(sp))
+    noise = scaled / s[:, None] / s
+    perturbed, _ = _adjoint_in_float64(sp, hm, sbar + noise)
+    change = _scaled_norm(perturbed - value, sp) / _scaled_norm(value, sp)
+    assert change <= 1.01 * bound + 8 * np.finfo(float).eps  # plus this computation's own rounding
+    if n_big == 1.0:
+        assert bound < 1e-14  # an ordinary update: far below the check threshold
+    if n_big >= 1e6:
+        assert bound > ROUNDING_CHECK and change > 1e-3 * bound  # the sensitivity is real, and flagged
+
+
+def test_generic_cotangent_with_a_huge_gain_is_not_flagged():
+    # Without cancellation the congruence's result is as large as its terms: rounding is small relative to it.
+    sp, hm = _covariances(1e6)
+    s = np.sqrt(np.diag(sp))
+    scaled = np.random.default_rng(2).standard_normal((3, 3))
+    _, bound = _adjoint_in_float64(sp, hm, (scaled @ scaled.T) / s[:, None] / s)
+    assert bound < 1e-14
+
+
+# Lotka–Volterra in the Fenrir paper's parametrisation (θ = (α, β, δ, γ)); with the predator at 0 the ODE
+# sits on an invariant set whose linearised predator grows like e^{∫ γ y1 dt} (≈ e^36 over [0, 2] here).
+def _lv(y, t, p):
+    return [p[0] * y[0] - p[1] * y[0] * y[1], -p[2] * y[1] + p[3] * y[0] * y[1]]
+
+
+@pytest.fixture(scope="module")
+def unstable_lv():
+    """Value-and-gradient function of x = (y0, θ, log σ², log κ) at a point an optimiser of the paper's
+    §5.1 study reached (case_studies/fenrir_paper.ipynb): EK1(5), step 5e-3, fixed diffusion."""
+    ode = pn.ODE(_lv, n_states=2, n_theta=4)
+    times = np.round(np.arange(0.0, 2.0001, 0.1), 10)
+    truth = solve_ivp(lambda t, y: _lv(y, t, (2.0, 1.0, 4.0, 1.0)), (0.0, 2.0), [5.0, 3.0], t_eval=times,
+                      rtol=1e-10, atol=1e-10).y.T
+    data = truth + 0.1 * np.random.default_rng([2022, 3]).standard_normal(truth.shape)
+    x = pt.vector("x")
+    ll = pn.fenrir_loglik(ode, x[:2], x[2:6], times, data, obs_sigma=pt.exp(0.5 * x[6]), diffusion=pt.exp(x[7]),
+                          solver=pn.EK1(order=5), step=5e-3)
+    fn = pytensor.function([x], [ll, pytensor.grad(ll, x)])
+    value_fn = pytensor.function([x], ll)
+    point = np.array([5.94091217, 0.0, 0.100767923, 5.81630687, 3.5776509e-03, 2.99526015, 2.08222103, 19.2292975])
+    return fn, value_fn, point, ll
+
+
+def _counts(ll):
+    op = ll.owner.inputs[0].owner.op  # Sum(FenrirOp(...))
+    return op.problem.diagnostics
+
+
+def test_rounding_noise_gradient_is_refused_counted_and_warned(unstable_lv):
+    fn, value_fn, point, ll = unstable_lv
+    counts = _counts(ll)
+    before = counts.n_unreliable_gradient
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value, grad = fn(point)  # the predator exactly 0
+    assert value == -np.inf and np.all(grad == 0.0)
+    assert counts.n_unreliable_gradient == before + 1
+    messages = [str(w.message) for w in caught if issubclass(w.category, pn.AccuracyWarning)]
+    assert any("gradient was rounding noise" in m for m in messages), messages
+    assert np.isfinite(value_fn(point))  # the value alone is still computed
+
+
+def test_gradient_away_from_the_invariant_set_is_kept_and_exact(unstable_lv):
+    fn, _, point, ll = unstable_lv
+    counts = _counts(ll)
+    before = counts.n_failed
+    x = point.copy()
+    x[1] = 1e-3
+    value, grad = fn(x)
+    assert np.isfinite(value) and counts.n_failed == before
+    for j in (0, 2, 5):
+        e = np.zeros_like(x)
+        e[j] = 1e-6 * max(1.0, abs(x[j]))
+        fd = (fn(x + e)[0] - fn(x - e)[0]) / (2 * e[j])
+        np.testing.assert_allclose(grad[j], fd, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def unstable_lv_solution():
+    """:class:`PNSolutionProblem` of the same Lotka–Volterra ODE, grid and diffusion (filtering marginals)."""
+    from pymc_pnode.pn_solution import PNSolutionProblem
+
+    ode = pn.ODE(_lv, n_states=2, n_theta=4)
+    times = np.round(np.arange(0.1, 2.0001, 0.1), 10)
+    return PNSolutionProblem(ode, times, pn.EK1(order=5), 5e-3, 1e-4, 1e-6, 20_000, float(np.exp(19.2292975)))
+
+
+def test_probabilistic_solution_jacobians_that_are_rounding_noise_are_refused(unstable_lv_solution):
+    problem = unstable_lv_solution
+    theta = np.array([0.100767923, 5.81630687, 3.5776509e-03, 2.99526015])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        refused = problem.evaluate(np.array([5.94091217, 0.0]), theta)
+    assert refused.log_ok[0] == -np.inf and not refused.jac_std.any()
+    assert problem.diagnostics.n_unreliable_gradient == 1
+    assert any("gradient was rounding noise" in str(w.message) for w in caught)
+    # away from the invariant set the Jacobians are kept, and exact
+    y0 = np.array([5.94091217, 1e-3])
+    kept = problem.evaluate(y0, theta)
+    assert kept.log_ok[0] == 0.0 and problem.diagnostics.n_unreliable_gradient == 1
+    h = 1e-6
+    up, down = problem.evaluate(y0, theta + [h, 0, 0, 0]), problem.evaluate(y0, theta - [h, 0, 0, 0])
+    np.testing.assert_allclose(kept.jac_mean[..., 2], (up.mean - down.mean) / (2 * h), rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(kept.jac_std[..., 2], (up.std - down.std) / (2 * h), rtol=1e-4, atol=1e-12)
