@@ -175,8 +175,9 @@ class FenrirProblem:
 
         The gradient is the flat vector over ``(y0, θ, noise scales, κ)``. Terms are ``-inf`` (and
         the gradient zero) when the solve fails (non-finite values, a diverging fixed step,
-        ``max_steps`` reached) or an input is invalid; every evaluation is counted in
-        ``diagnostics`` (default :attr:`diagnostics`), which warns unless ``warn`` is False.
+        ``max_steps`` reached), an input is invalid or the asked-for gradient is rounding noise
+        (:mod:`pymc_pnode.accuracy`); every evaluation is counted in ``diagnostics`` (default
+        :attr:`diagnostics`), which warns unless ``warn`` is False.
         """
         return self._evaluate(y0, theta, data, sigma, kappa, cotangent, diagnostics, warn)[:2]
 
@@ -457,7 +458,8 @@ def fenrir_loglik(
     TensorVariable
         Scalar log-likelihood (or the (T,) terms). ``-inf`` when the solve fails: non-finite values, a
         fixed step that diverges, an error-controlled solve that reaches ``max_steps`` or whose step
-        collapses.
+        collapses; also, with its gradient, where that gradient is rounding noise (a huge filter gain, e.g.
+        near an unstable invariant set: counted and warned, see docs/fenrir.md).
     """
     control = StepControl(step, rtol, atol, max_steps)
     problem, filled, sigma, kappa = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control,
