@@ -54,8 +54,8 @@ _LIVE: "weakref.WeakValueDictionary[str, SolverDiagnostics]" = weakref.WeakValue
 # congruence's input carries can change its result (:func:`pymc_pnode.filtering.update.congruence_rounding`).
 # Above ROUNDING_CHECK the derivatives are computed again with their seed (cotangent, or initial tangents)
 # times RESCALE: they are linear in it, their rounding errors are not, so their difference estimates the rounding
-# error. If it exceeds REPRODUCIBILITY (relative to the largest component: 0.1 %, far below what an optimiser or
-# NUTS notices) the derivatives are rounding noise and the evaluation is refused.
+# error. If it exceeds REPRODUCIBILITY (0.1 % of the largest component) the derivatives are rounding noise and the
+# evaluation is refused.
 ROUNDING_CHECK = 1e-10
 RESCALE = 0.7
 REPRODUCIBILITY = 1e-3
