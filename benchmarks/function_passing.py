@@ -1,10 +1,10 @@
 """What it costs to hand an ODE's compiled functions to a numba kernel: first-class functions or C callbacks.
 
-The package passes vector fields to its kernels in two ways (``docs/architecture.md``): as numba
-first-class functions (``pymc_pnode._codegen.CompiledFunction``: the filters, the Runge–Kutta solvers,
-the direct method) and as integer addresses of C callbacks called through an intrinsic
-(``pymc_pnode.chkrebtii.callbacks``: the Chkrebtii recursion). This script measures the two costs that
-differ, on the Lotka–Volterra field (d = 2, 4 parameters):
+The package's kernels take an ODE's generated functions as integer addresses of C callbacks, called through
+an intrinsic (``pymc_pnode._callbacks``; ``docs/architecture.md``). Until 2026-11 the filters, the Runge–Kutta
+solvers and the direct method took them as numba first-class functions instead (a
+``WrapperAddressProtocol`` wrapper of each generated dispatcher, rebuilt here). This script measures the two
+costs that differ, on the Lotka–Volterra field (d = 2, 4 parameters):
 
 - **per call from Python**: a kernel that only reads one array, with three function arguments
   (``rhs``, ``jac_y``, ``jac_p``) against three integer addresses, through the numba dispatcher and
@@ -27,10 +27,33 @@ from pathlib import Path
 
 import numba as nb
 import numpy as np
+from numba import types as nbt
+from numba.experimental.function_type import _get_wrapper_address
 
 import pymc_pnode as pn
-from pymc_pnode._codegen import MAT_FN, VEC_FN
-from pymc_pnode.chkrebtii.callbacks import call_fn, ode_callbacks
+from pymc_pnode._callbacks import FN, call
+from pymc_pnode._codegen import SIG_MAT, SIG_VEC
+
+VEC_FN, MAT_FN = nbt.FunctionType(SIG_VEC), nbt.FunctionType(SIG_MAT)
+
+
+class FirstClassFunction(nbt.WrapperAddressProtocol):
+    """A generated dispatcher as a numba first-class function, its address resolved once (the former way)."""
+
+    def __init__(self, dispatcher, signature):
+        self._address = _get_wrapper_address(dispatcher, signature)
+        self._signature = signature
+        self._type = nbt.FunctionType(signature)
+
+    def __wrapper_address__(self) -> int:
+        return self._address
+
+    def signature(self):
+        return self._signature
+
+    @property
+    def _numba_type_(self):
+        return self._type
 
 
 def lotka_volterra(y, t, p):
@@ -42,7 +65,7 @@ def _read_functions(rhs, jac_y, jac_p, x):
     return x[0]
 
 
-@nb.njit((nb.int64, nb.int64, nb.int64, nb.float64[::1]))
+@nb.njit((FN, FN, FN, nb.float64[::1]))
 def _read_addresses(rhs, jac_y, jac_p, x):
     return x[0]
 
@@ -57,12 +80,12 @@ def _loop_function(rhs, u, p):
     return total
 
 
-@nb.njit((nb.int64, nb.float64[:, ::1], nb.float64[::1]))
+@nb.njit((FN, nb.float64[:, ::1], nb.float64[::1]))
 def _loop_callback(rhs, u, p):
     out = np.zeros(u.shape[1])
     total = 0.0
     for n in range(u.shape[0]):
-        call_fn(rhs, u[n], 0.0, p, out)
+        call(rhs, u[n], 0.0, p, out)
         total += out[0]
     return total
 
@@ -90,18 +113,19 @@ def main() -> None:
     args = parser.parse_args()
 
     ode = pn.ODE(lotka_volterra, n_states=2, n_theta=4)
-    addresses = ode_callbacks(ode)
-    functions = (ode.rhs, ode.jac_y, ode.jac_p)
+    addresses = ode.field_addresses
+    functions = tuple(FirstClassFunction(f.dispatcher, sig)
+                      for f, sig in ((ode.rhs, SIG_VEC), (ode.jac_y, SIG_MAT), (ode.jac_p, SIG_MAT)))
     x = np.ones(3)
     rows = []
     for label, kernel, fns in (("3 first-class functions", _read_functions, functions),
                                ("3 C-callback addresses", _read_addresses, addresses)):
-        for how, call in (("dispatcher", kernel), ("entry point", _entry(kernel))):
-            seconds = _median_seconds(lambda call=call, fns=fns: call(*fns, x), args.repeats, 20_000)
+        for how, entry in (("dispatcher", kernel), ("entry point", _entry(kernel))):
+            seconds = _median_seconds(lambda entry=entry, fns=fns: entry(*fns, x), args.repeats, 20_000)
             rows.append(f"| call from Python, {label}, {how} | {seconds * 1e6:.2f} µs |")
     u = np.random.default_rng(0).uniform(0.5, 1.5, (args.loop, 2))
     p = np.array([1.0, 0.8, 0.6, 1.1])
-    for label, kernel, fn in (("first-class function", _loop_function, ode.rhs),
+    for label, kernel, fn in (("first-class function", _loop_function, functions[0]),
                               ("C callback", _loop_callback, addresses[0])):
         seconds = _median_seconds(lambda kernel=kernel, fn=fn: kernel(fn, u, p), args.repeats, 1)
         rows.append(f"| rhs inside a kernel, {label} | {seconds / args.loop * 1e9:.1f} ns per call |")

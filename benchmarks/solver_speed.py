@@ -22,7 +22,7 @@ import numpy as np
 from scipy.integrate import solve_ivp
 
 import pymc_pnode as pn
-from pymc_pnode._codegen import MAT_FN, VEC_FN
+from pymc_pnode._callbacks import FN, call
 
 PROBLEMS = {
     "lotka_volterra": (
@@ -52,22 +52,22 @@ def median_time(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-@nb.njit((VEC_FN, MAT_FN, nb.float64[::1], nb.float64[::1], nb.int64), cache=True)
+@nb.njit((FN, FN, nb.float64[::1], nb.float64[::1], nb.int64), cache=True)
 def _call_loop(rhs, jac, y, p, n):
     out = np.empty(y.shape[0])
     jout = np.empty((y.shape[0], y.shape[0]))
     acc = 0.0
     for i in range(n):
         y[0] += 1e-12
-        rhs(y, 0.0, p, out)
-        jac(y, 0.0, p, jout)
+        call(rhs, y, 0.0, p, out)
+        call(jac, y, 0.0, p, jout)
         acc += out[0] + jout[0, 0]
     return acc
 
 
 def field_cost_ns(ode: pn.ODE, y0, theta, n: int = 200_000) -> float:
     y, p = np.array(y0, float), np.array(theta, float)
-    seconds = median_time(lambda: _call_loop(ode.rhs, ode.jac_y, y, p, n), 5)
+    seconds = median_time(lambda: _call_loop(ode.rhs.address, ode.jac_y.address, y, p, n), 5)
     return seconds / n * 1e9
 
 

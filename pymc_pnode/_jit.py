@@ -61,7 +61,7 @@ class CompiledOnFirstUse:
     @property
     def entry_point(self) -> Callable:
         """The compiled function without the dispatcher's type resolution of the arguments: a few
-        microseconds less per call from Python (most for named tuples and first-class functions), for
+        microseconds less per call from Python (most for named tuples), for
         arguments of exactly the signature's types."""
         if self._entry_point is None:
             dispatcher = self.dispatcher
@@ -127,25 +127,30 @@ def as_readonly(typingctx, arr):
     return arr.copy(readonly=True)(arr), codegen
 
 
-def register_object_mode(op_type: type, output_type, make_function: Callable) -> None:
-    """Register ``op_type`` with PyTensor's numba backend as a call of Python code in numba's object mode.
+def register_numba(op_type: type, make_function: Callable, object_mode_outputs=None) -> None:
+    """Register ``op_type`` with PyTensor's numba backend (``mode="NUMBA"``, nutpie).
 
-    ``make_function(op)`` returns the Python function of the Op's inputs that computes its outputs (a tuple
-    of arrays, or one array), of numba type ``output_type``. The compiled graph then calls the package's
-    already compiled kernels through Python (≈ 20 µs per call) instead of inlining a copy of them into every
-    graph (≈ 20 s of compilation per Op, measured), and the accuracy counts of every evaluation keep working.
+    ``make_function(op)`` returns a Python function of the Op's inputs that computes its outputs (a tuple of
+    arrays, or one array). With ``object_mode_outputs`` (the numba type of those outputs) the compiled graph
+    calls it in numba's object mode: through Python (≈ 20 µs per call) to the package's already compiled
+    kernels, instead of inlining a copy of them into every graph (≈ 20 s of compilation per Op, measured),
+    and the accuracy counts of every evaluation keep working. Without, the function is compiled into the
+    graph (it must be numba code calling compiled kernels; cheap to compile when they are). PyTensor does
+    not cache either on disk: the functions hold addresses of this process's vector-field callbacks
+    (:mod:`pymc_pnode._callbacks`).
     """
-    from pytensor.link.numba.dispatch import numba_funcify
-    from pytensor.link.numba.dispatch.basic import numba_njit
+    from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_cache_key
 
-    @numba_funcify.register(op_type)
+    @register_funcify_and_cache_key(op_type)
     def _funcify(op, node=None, **kwargs):
         run = make_function(op)
+        if object_mode_outputs is None:
+            return numba_njit(run), None
 
         @numba_njit
         def object_mode_op(*inputs):
-            with nb.objmode(outputs=output_type):
+            with nb.objmode(outputs=object_mode_outputs):
                 outputs = run(*inputs)
             return outputs
 
-        return object_mode_op
+        return object_mode_op, None

@@ -20,7 +20,7 @@ from pytensor.gradient import DisconnectedType, grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from pymc_pnode._jit import register_object_mode
+from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import SolverDiagnostics
 from pymc_pnode.classical.dopri import dopri_backward, dopri_forward
 from pymc_pnode.filtering.stepping import STATUS_SUCCESS
@@ -73,7 +73,7 @@ class DopriSolver:
         c = self.control
         y0, theta = _vector(y0, self.ode.n_states), _vector(theta, self.ode.n_theta)
         ys, ts, traj, status, n_rejected = dopri_forward(
-            self.ode.rhs, theta.copy(), y0, self.ode.t0, self.times, c.rtol, c.atol, c.max_steps
+            self.ode.rhs.address, theta.copy(), y0, self.ode.t0, self.times, c.rtol, c.atol, c.max_steps
         )
         failed = status != STATUS_SUCCESS
         self.diagnostics.record(ts.size - 1, n_rejected, 0.0, failed)
@@ -83,7 +83,7 @@ class DopriSolver:
         """``(dL/dy0, dL/dtheta)`` for the cotangent ``g_ys = dL/dys`` on the grid ``ts``."""
         ts, traj, g_ys = (np.ascontiguousarray(x, dtype=np.float64) for x in (ts, traj, g_ys))
         theta = _vector(theta, self.ode.n_theta).copy()  # the generated functions take writable parameters
-        return dopri_backward(self.ode.rhs, self.ode.jac_y, self.ode.jac_p, theta, ts, traj, self.times, g_ys)
+        return dopri_backward(*self.ode.field_addresses, theta, ts, traj, self.times, g_ys)
 
     def solve(self, y0, theta=None) -> np.ndarray:
         """States at ``times``, shape ``(len(times), n_states)``; ``ValueError`` if the solve fails."""
@@ -175,12 +175,10 @@ class DopriAdjointOp(Op):
 
 # Under nutpie / mode="NUMBA" the solver runs in object mode, so compiling the graph does not compile the
 # kernels into it again (see docs/benchmarks.md) and the evaluations are counted in DopriSolver.diagnostics.
-register_object_mode(
-    DopriSolveOp,
-    nb.types.Tuple((nb.float64[:, ::1], nb.float64[::1], nb.float64[:, ::1], nb.float64[::1])),
-    lambda op: op.solver.forward,
-)
-register_object_mode(DopriAdjointOp, nb.types.UniTuple(nb.float64[::1], 2), lambda op: op.solver.backward)
+register_numba(DopriSolveOp, lambda op: op.solver.forward,
+               object_mode_outputs=nb.types.Tuple((nb.float64[:, ::1], nb.float64[::1], nb.float64[:, ::1],
+                                                   nb.float64[::1])))
+register_numba(DopriAdjointOp, lambda op: op.solver.backward, object_mode_outputs=nb.types.UniTuple(nb.float64[::1], 2))
 
 
 class DifferentialEquation:

@@ -12,12 +12,9 @@ from pytensor.graph.basic import Constant, Variable
 from pytensor.printing import debugprint
 
 from pymc_pnode import _codegen, _taylor_mode
+from pymc_pnode._callbacks import CompiledFunction
 
 __all__ = ["ODE"]
-
-
-def _wrap(dispatcher, kind: str) -> _codegen.CompiledFunction:
-    return _codegen.CompiledFunction(dispatcher, _codegen.SIGNATURES[kind])
 
 
 _ZERO = pt.constant(0.0, dtype="float64")
@@ -69,11 +66,12 @@ class ODE:
 
     Attributes
     ----------
-    rhs, jac_y, jac_p : numba functions
+    rhs, jac_y, jac_p : CompiledFunction
         ``rhs(y, t, p, out)`` writes :math:`f` into ``out`` (shape ``(d,)``);
         ``jac_y(y, t, p, out)`` writes :math:`\partial f_i/\partial y_j` (shape ``(d, d)``);
         ``jac_p(y, t, p, out)`` writes :math:`\partial f_i/\partial p_k` (shape ``(d, n_theta)``).
-        All arrays are C-contiguous float64; they are callable from Python and from numba code.
+        All arrays are C-contiguous float64. Callable from Python; numba code calls their ``dispatcher``, and
+        the package's kernels their C callbacks by ``address`` (:mod:`pymc_pnode._callbacks`).
 
     Raises
     ------
@@ -120,9 +118,10 @@ class ODE:
         self._first_derivatives: tuple[list[list[Variable]], list[list[Variable]]] | None = None
         self._taylor_mode = None
         base = self._module("base", self._base_source)
-        self.rhs = _wrap(base.rhs, "vec")
-        self.jac_y = _wrap(base.jac_y, "mat")
-        self.jac_p = _wrap(base.jac_p, "mat")
+        d, k = self.n_states, self.n_theta
+        self.rhs = self._compiled(base.rhs, (d,))
+        self.jac_y = self._compiled(base.jac_y, (d, d))
+        self.jac_p = self._compiled(base.jac_p, (d, k))
 
     # ------------------------------------------------------------------ tracing and codegen
     def _trace(self, func: Callable) -> list[Variable]:
@@ -176,6 +175,16 @@ class ODE:
             module = _codegen.load_module(key, source)
         return module
 
+    @property
+    def field_addresses(self) -> tuple[int, int, int]:
+        """Addresses of the C callbacks of :attr:`rhs`, :attr:`jac_y` and :attr:`jac_p`, the arguments by which compiled
+        kernels take them (:mod:`pymc_pnode._callbacks`; valid in this process only)."""
+        return self.rhs.address, self.jac_y.address, self.jac_p.address
+
+    def _compiled(self, dispatcher, *shapes: tuple[int, ...]) -> CompiledFunction:
+        """A generated ``f(y, t, p, *arrays)`` with ``arrays`` of these ``shapes``, callable by kernels."""
+        return CompiledFunction(dispatcher, [(self.n_states,), (self.n_theta,), *shapes])
+
     def _gen(self, fname, kind, outputs, shapes):
         return _codegen.function_source(fname, kind, self._y, self._t, self._p, outputs, shapes)
 
@@ -215,15 +224,22 @@ class ODE:
             return None
         return _taylor_mode.module_source(field, full)
 
-    def _taylor_mode_functions(self) -> dict | None:
-        """``{"taylor", "taylor_vjp", "taylor_jac"}`` evaluated in Taylor mode, or None (see
-        :meth:`_taylor_mode_source`)."""
+    def _taylor_mode_module(self):
+        """The module of Taylor-mode functions (any order), or None (see :meth:`_taylor_mode_source`)."""
         if self._taylor_mode is None:
             module = self._module(f"taylormode-{_taylor_mode.VERSION}", self._taylor_mode_source)
-            self._taylor_mode = {} if module is None else {
-                "taylor": _wrap(module.taylor, "mat"), "taylor_vjp": _wrap(module.taylor_vjp, "contract"),
-                "taylor_jac": _wrap(module.taylor_jac, "ten2")}
+            self._taylor_mode = False if module is None else module
         return self._taylor_mode or None
+
+    def _taylor_part(self, name: str, order: int, cache: dict, shapes, make_source) -> CompiledFunction:
+        """The generated function ``name`` for Taylor coefficients up to ``order``: in Taylor mode when the field
+        allows, else from symbolic Lie derivatives (``make_source``; one module per order)."""
+        if order not in cache:
+            module = self._taylor_mode_module()
+            if module is None:
+                module = self._module(f"{name.replace('_', '')}{order}", make_source)
+            cache[order] = self._compiled(getattr(module, name), *shapes)
+        return cache[order]
 
     def _hess_source(self) -> str:
         d, k = self.n_states, self.n_theta
@@ -325,13 +341,16 @@ class ODE:
         non-zero second derivatives, where the full tensors :attr:`hess_yy` have ``d³`` entries.
         """
         if self._contract is None:
-            self._contract = _wrap(self._module("contract", self._hess_contract_source).hess_contract, "contract")
+            d, k = self.n_states, self.n_theta
+            self._contract = self._compiled(self._module("contract", self._hess_contract_source).hess_contract,
+                                            (d, d), (d,), (k,))
         return self._contract
 
     def _hessians(self):
         if self._hess is None:
+            d, k = self.n_states, self.n_theta
             mod = self._module("hess", self._hess_source)
-            self._hess = (_wrap(mod.hess_yy, "ten"), _wrap(mod.hess_yp, "ten"))
+            self._hess = (self._compiled(mod.hess_yy, (d, d, d)), self._compiled(mod.hess_yp, (d, d, k)))
         return self._hess
 
     def taylor_coefficients(self, order: int):
@@ -345,12 +364,8 @@ class ODE:
         :meth:`taylor_functions`).
         """
         order = self._check_order(order)
-        if self._taylor_mode_functions():
-            return self._taylor_mode["taylor"]
-        if order not in self._taylor:
-            mod = self._module(f"taylor{order}", lambda: self._taylor_source(order))
-            self._taylor[order] = _wrap(mod.taylor, "mat")
-        return self._taylor[order]
+        return self._taylor_part("taylor", order, self._taylor, [(order + 1, self.n_states)],
+                                 lambda: self._taylor_source(order))
 
     def taylor_functions(self, order: int):
         r"""``(taylor, taylor_jac)``: the Taylor coefficients and their Jacobians.
@@ -361,12 +376,10 @@ class ODE:
         series of the field's Jacobians along the solution.
         """
         order = self._check_order(order)
-        if self._taylor_mode_functions():
-            return self._taylor_mode["taylor"], self._taylor_mode["taylor_jac"]
-        if order not in self._taylor_jac:
-            mod = self._module(f"taylorjac{order}", lambda: self._taylor_jac_source(order))
-            self._taylor_jac[order] = _wrap(mod.taylor_jac, "ten2")
-        return self.taylor_coefficients(order), self._taylor_jac[order]
+        d, k = self.n_states, self.n_theta
+        taylor_jac = self._taylor_part("taylor_jac", order, self._taylor_jac, [(order + 1, d, d), (order + 1, d, k)],
+                                       lambda: self._taylor_jac_source(order))
+        return self.taylor_coefficients(order), taylor_jac
 
     def taylor_vjp(self, order: int):
         r"""``taylor_vjp(y0, t0, p, w, out_y, out_p)``: the Taylor coefficients' Jacobians contracted with weights
@@ -378,12 +391,9 @@ class ODE:
         that grows with the non-zero Jacobian entries, not with ``(order + 1) d (d + n_theta)``.
         """
         order = self._check_order(order)
-        if self._taylor_mode_functions():
-            return self._taylor_mode["taylor_vjp"]
-        if order not in self._taylor_vjp:
-            mod = self._module(f"taylorvjp{order}", lambda: self._taylor_vjp_source(order))
-            self._taylor_vjp[order] = _wrap(mod.taylor_vjp, "contract")
-        return self._taylor_vjp[order]
+        d, k = self.n_states, self.n_theta
+        return self._taylor_part("taylor_vjp", order, self._taylor_vjp, [(order + 1, d), (d,), (k,)],
+                                 lambda: self._taylor_vjp_source(order))
 
     @staticmethod
     def _check_order(order) -> int:

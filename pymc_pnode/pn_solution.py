@@ -22,11 +22,17 @@ from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from pymc_pnode._jit import readonly, register_object_mode
+from pymc_pnode._jit import readonly, register_numba
 from pymc_pnode.accuracy import RESCALE, SolverDiagnostics, needs_rounding_check, reproducible
 from pymc_pnode.differential_equation import flag_failed_solve
 from pymc_pnode.filtering.structure import STRUCTURES
-from pymc_pnode.filtering.tangents import StepTangents, block_filter_tangents, filter_tangents, stored_run
+from pymc_pnode.filtering.tangents import (
+    StepTangents,
+    TangentField,
+    block_filter_tangents,
+    filter_tangents,
+    stored_run,
+)
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
 from pymc_pnode.solve import ODEFilter, solve, validate_filter, validate_ode
@@ -118,10 +124,10 @@ class PNSolutionProblem:
         steps = StepTangents(np.zeros((n_kept, dd, n_dir)), np.zeros((n_kept, n_dir) + run.r.shape[1:]))
         steps.dmu[0] = seeds
         tangents = filter_tangents if run.r.ndim == 3 else block_filter_tangents
-        dmean, dvar, dstat, rounding = tangents(  # (EK0 does not call the second derivatives)
-            ode.rhs, ode.jac_y, ode.jac_p, ode.hess_yy, ode.hess_yp, theta, run, steps,
-            readonly(self.solver.prior.Q_bar_sqrt), self.solver.ek1,
-        )
+        ek1 = self.solver.ek1
+        field = TangentField(ode.rhs.address, ode.jac_y.address, ode.jac_p.address,
+                             ode.hess_yy.address if ek1 else 0, ode.hess_yp.address if ek1 else 0, theta, ek1)
+        dmean, dvar, dstat, rounding = tangents(field, run, steps, readonly(self.solver.prior.Q_bar_sqrt))
         cov, dcov = np.zeros((n_out, d, 0, d)), np.zeros((n_out, d, 0, d, n_dir))
         if self.smooth:
             dmean, dvar, cov, dcov = sol.smoothing_tangents(steps, self.joint_cov)
@@ -194,11 +200,12 @@ def _pn_solution_run(op):
 
 
 # Under nutpie / mode="NUMBA" the solve runs in object mode.
-register_object_mode(
+register_numba(
     PNSolutionOp,
-    nb.types.Tuple((nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[:, :, ::1],
-                    nb.float64[:, :, ::1], nb.float64[:, :, ::1], nb.float64[::1])),
     _pn_solution_run,
+    object_mode_outputs=nb.types.Tuple((nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[:, ::1],
+                                        nb.float64[:, :, ::1], nb.float64[:, :, ::1], nb.float64[:, :, ::1],
+                                        nb.float64[::1])),
 )
 
 

@@ -33,6 +33,7 @@ from pymc_pnode.filtering.stepping import (
 )
 from pymc_pnode.filtering.structure import DENSE, DIAGONAL, ISOTROPIC, STRUCTURES, initial_root
 from pymc_pnode.filtering.tangents import SmoothedRun, StepTangents, smoothing_tangents, stored_run
+from pymc_pnode.filtering.update import VectorField
 from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
 from pymc_pnode.validation import as_positive_int, validate_step, validate_t_span, validate_times
@@ -464,11 +465,11 @@ def solve(
         run.grid[0], run.mu[0], run.r[0], run.kappa[0] = t0, mu0, 0.0, 0.0
         counts = ForwardStats(0, 0, 0, STATUS_NONFINITE, 0.0, 0.0)
     else:
-        h0 = initial_step_size(ode.rhs, y0, t0, theta, float(rtol), float(atol)) if adaptive else 0.0
+        h0 = initial_step_size(ode.rhs.address, y0, t0, theta, float(rtol), float(atol)) if adaptive else 0.0
         stepping = Stepping(adaptive, min(h0, t1 - t0), float(rtol), float(atol), max_steps, False)
         kernel = run_filter if solver.structure == DENSE else run_block_filter
-        run, counts = kernel(ode.rhs, ode.jac_y, theta, solver.ek1, mu0, r0, prior.Q_bar_sqrt,
-                             Diffusion(mode, kappa), stepping, grid)
+        vector_field = VectorField(ode.rhs.address, ode.jac_y.address, theta, solver.ek1)
+        run, counts = kernel(vector_field, mu0, r0, prior.Q_bar_sqrt, Diffusion(mode, kappa), stepping, grid)
     sigma2 = kappa
     if mode == DIFFUSION_GLOBAL:
         sigma2 = global_kappa(counts.stat_sum, counts.n_steps, d)

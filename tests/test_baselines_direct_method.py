@@ -65,7 +65,7 @@ def test_fast_binding_agrees_with_dispatcher(lv, lv_data):
     gx = np.zeros_like(data)
     gt = np.zeros(4)
     grid = ABGrid(np.ascontiguousarray(times), np.diff(times), 3, ADAMS_BASHFORTH)
-    ref = discretization_objective(lv.rhs, lv.jac_y, lv.jac_p, np.ascontiguousarray(data), theta, grid, gx, gt)
+    ref = discretization_objective(*lv.field_addresses, np.ascontiguousarray(data), theta, grid, gx, gt)
     assert obj.value(data, theta) == ref
     np.testing.assert_array_equal(obj.value_and_grad_x(data, theta)[1], gx)
     np.testing.assert_array_equal(obj.value_and_grad_theta(data, theta)[1], gt)

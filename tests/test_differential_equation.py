@@ -94,7 +94,7 @@ def test_gradient_is_exact_for_the_chosen_grid(name):
     func, d, y0, theta, t0, times = PROBLEMS[name]
     de = pn.DifferentialEquation(func, times, n_states=d, n_theta=len(theta), t0=t0, rtol=1e-5, atol=1e-7)
     y0, theta = np.array(y0), np.array(theta)
-    _, ts, _, status, _ = dopri_forward(de.ode.rhs, theta.copy(), y0, t0, de.times, 1e-5, 1e-7, 10_000)
+    _, ts, _, status, _ = dopri_forward(de.ode.rhs.address, theta.copy(), y0, t0, de.times, 1e-5, 1e-7, 10_000)
     assert status == 0 and np.all(np.isin(de.times, ts))
     rows = np.searchsorted(ts, de.times)
     weights = np.random.default_rng(0).standard_normal((len(times), d))

@@ -228,7 +228,7 @@ def test_perturbed_solves_spread_at_the_order_of_the_local_error(method, order):
     for step in (0.02, 0.01):
         solver = FixedStepSolver(ode, times, method=method, step=step)
         y0, theta = np.array([1.0, 0.0]), np.array([4.0])
-        quiet = rk_perturbed_forward(ode.rhs, theta, y0, solver.grid, solver.tableau,
+        quiet = rk_perturbed_forward(ode.rhs.address, theta, y0, solver.grid, solver.tableau,
                                      readonly(np.zeros((1, solver.n_steps, 2))))
         np.testing.assert_array_equal(quiet[0], solver.solve(y0, theta))
         samples = solver.perturbed_solve(y0, theta, 4000, rng=1)

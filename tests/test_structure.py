@@ -8,10 +8,10 @@ from scipy.integrate import solve_ivp
 from scipy.stats import norm
 
 import pymc_pnode as pn
-from pymc_pnode._codegen import SIG_MAT
 from pymc_pnode.filtering.odefilter import Diffusion, run_block_filter, run_filter
 from pymc_pnode.filtering.stepping import Stepping
 from pymc_pnode.filtering.structure import initial_root
+from pymc_pnode.filtering.update import VectorField
 from pymc_pnode.solve import DIFFUSION_FIXED, ProbabilisticSolution, fixed_grid, validate_filter
 from tests.conftest import assert_gradient_matches_central_differences
 
@@ -67,15 +67,19 @@ def test_structured_ek0_equals_dense_ek0(chain_ode, diffusion, step, structure):
 
 
 def _diagonal_of(jac_y, d):
-    """The Jacobian with its off-diagonal entries zeroed, as the first-class function the dense filter takes."""
+    """The Jacobian with its off-diagonal entries zeroed, as a C callback like those the kernels take (keep the
+    returned object alive while its ``address`` is in use)."""
+    full_jacobian, k = jac_y.dispatcher, jac_y.shapes[1][0]
+    pointer = nb.types.CPointer(nb.float64)
 
-    @nb.njit(SIG_MAT)
+    @nb.cfunc(nb.types.void(pointer, nb.float64, pointer, pointer))
     def diagonal_jacobian(y, t, p, out):
         full = np.empty((d, d))
-        jac_y(y, t, p, full)
-        out[:, :] = 0.0
+        full_jacobian(nb.carray(y, (d,)), t, nb.carray(p, (k,)), full)
+        diagonal = nb.carray(out, (d, d))
+        diagonal[:, :] = 0.0
         for i in range(d):
-            out[i, i] = full[i, i]
+            diagonal[i, i] = full[i, i]
 
     return diagonal_jacobian
 
@@ -93,10 +97,12 @@ def test_diagonal_ek1_equals_dense_ek1_with_the_jacobians_diagonal(chain_ode, ad
     grid = fixed_grid(SAVE, 0.05) if not adaptive else SAVE
     stepping = Stepping(adaptive, 1e-3, 1e-6, 1e-8, 10_000, False)
     diffusion = Diffusion(DIFFUSION_FIXED, 0.5)
-    dense_run, dense_stats = run_filter(chain_ode.rhs, _diagonal_of(chain_ode.jac_y, D), THETA, True, mu0,
-                                        initial_root("dense", q, D), rq, diffusion, stepping, grid)
-    block_run, block_stats = run_block_filter(chain_ode.rhs, chain_ode.jac_y, THETA, True, mu0,
-                                              initial_root("diagonal", q, D), rq, diffusion, stepping, grid)
+    diagonal_jacobian = _diagonal_of(chain_ode.jac_y, D)
+    dense_field = VectorField(chain_ode.rhs.address, diagonal_jacobian.address, THETA, True)
+    dense_run, dense_stats = run_filter(dense_field, mu0, initial_root("dense", q, D), rq, diffusion, stepping, grid)
+    block_field = VectorField(chain_ode.rhs.address, chain_ode.jac_y.address, THETA, True)
+    block_run, block_stats = run_block_filter(block_field, mu0, initial_root("diagonal", q, D), rq, diffusion,
+                                              stepping, grid)
     assert dense_stats.status == block_stats.status == 0
     assert dense_stats.n_steps == block_stats.n_steps and dense_stats.n_rejected == block_stats.n_rejected
     assert np.isclose(dense_stats.stat_sum, block_stats.stat_sum, rtol=1e-9)
@@ -247,10 +253,14 @@ def test_diagonal_ek1_fenrir_equals_dense_ek1_fenrir_with_the_jacobians_diagonal
     args = (Y0, THETA, data, np.array([0.1, 0.2, 0.15]), 0.3)
     block = _problem(chain_ode, data, pn.EK1(3, "diagonal"), diffusion, step)
     dense = _problem(chain_ode, data, pn.EK1(3), diffusion, step)
-    ode = chain_ode
-    object.__setattr__(dense, "kernel_arguments", lambda: (ode.rhs, _diagonal_of(ode.jac_y, D), ode.jac_p,
-                                                           ode.hess_contract, ode.taylor_coefficients(3),
-                                                           ode.taylor_vjp(3)))
+    diagonal_jacobian = _diagonal_of(chain_ode.jac_y, D)
+
+    class DiagonalJacobian(type(dense)):
+        @property
+        def functions(self):
+            return super().functions._replace(jac_y=diagonal_jacobian.address)
+
+    object.__setattr__(dense, "__class__", DiagonalJacobian)
     np.testing.assert_allclose(block.evaluate(*args, warn=False)[0], dense.evaluate(*args, warn=False)[0], rtol=1e-9)
 
 

@@ -19,8 +19,8 @@ less than ``tol`` (the authors' code: ``1e-8``). The single hyperparameter :math
 inverse step size. Predicted states :math:`\hat X` step the same discretisation from
 :math:`\hat x_1 = x^*_1` with :math:`\hat\theta` (eq. (5)/(11)).
 
-:math:`E` and its gradients are numba kernels taking the ODE's compiled functions as first-class
-arguments (one compiled, disk-cached kernel for all ODEs), called through their compiled entry points:
+:math:`E` and its gradients are numba kernels taking the ODE's compiled functions as addresses of C
+callbacks (one compiled, disk-cached kernel for all ODEs), called through their compiled entry points:
 optimisers call them tens of thousands of times.
 """
 
@@ -35,7 +35,7 @@ import numba as nb
 import numpy as np
 from scipy.optimize import minimize
 
-from pymc_pnode._codegen import MAT_FN, VEC_FN
+from pymc_pnode._callbacks import FN, call
 from pymc_pnode._jit import JIT, compile_on_first_use
 from pymc_pnode.baselines._inputs import validate_observations
 from pymc_pnode.estimation import EstimationResult
@@ -66,7 +66,7 @@ ABGrid.__doc__ = """The discretisation: grid ``times`` (T,), steps ``h[i] = t_{i
 ``order`` and the Adams–Bashforth coefficients ``beta`` (:data:`ADAMS_BASHFORTH`)."""
 _AB_GRID_T = nb.types.NamedTuple([nb.float64[::1], nb.float64[::1], nb.int64, nb.float64[:, ::1]], ABGrid)
 _OBJ_SIG = nb.float64(
-    VEC_FN, MAT_FN, MAT_FN, nb.float64[:, ::1], nb.float64[::1], _AB_GRID_T, nb.float64[:, ::1], nb.float64[::1]
+    FN, FN, FN, nb.float64[:, ::1], nb.float64[::1], _AB_GRID_T, nb.float64[:, ::1], nb.float64[::1]
 )
 
 
@@ -85,7 +85,7 @@ def discretization_objective(rhs, jac_y, jac_p, x, theta, grid, gx, gtheta):  # 
     k = theta.shape[0]
     f = np.empty((n, d))
     for m in range(n - 1):
-        rhs(x[m], times[m], theta, f[m])
+        call(rhs, x[m], times[m], theta, f[m])
     # w[m] = sum over residuals using f_m of h_i beta_j (2 r_i): the weight of f_m in dE/df_m.
     w = np.zeros((n, d))
     r = np.empty(d)
@@ -111,14 +111,14 @@ def discretization_objective(rhs, jac_y, jac_p, x, theta, grid, gx, gtheta):  # 
         jp = np.empty((d, k))
         for m in range(n - 1):
             if want_gx:
-                jac_y(x[m], times[m], theta, jac)
+                call(jac_y, x[m], times[m], theta, jac)
                 for b in range(d):
                     acc = 0.0
                     for a in range(d):
                         acc += jac[a, b] * w[m, a]
                     gx[m, b] -= acc
             if want_gtheta and k > 0:
-                jac_p(x[m], times[m], theta, jp)
+                call(jac_p, x[m], times[m], theta, jp)
                 for c in range(k):
                     acc = 0.0
                     for a in range(d):
@@ -127,7 +127,7 @@ def discretization_objective(rhs, jac_y, jac_p, x, theta, grid, gx, gtheta):  # 
     return total
 
 
-_PRED_SIG = nb.void(VEC_FN, nb.float64[::1], nb.float64[::1], _AB_GRID_T, nb.float64[:, ::1])
+_PRED_SIG = nb.void(FN, nb.float64[::1], nb.float64[::1], _AB_GRID_T, nb.float64[:, ::1])
 
 
 @compile_on_first_use(_PRED_SIG, **JIT)
@@ -138,7 +138,7 @@ def _ab_predict_kernel(rhs, x1, theta, grid, out):  # pragma: no cover - numba
     for a in range(d):
         out[0, a] = x1[a]
     for i in range(n - 1):
-        rhs(out[i], times[i], theta, f[i])
+        call(rhs, out[i], times[i], theta, f[i])
         s = order if order < i + 1 else i + 1
         for a in range(d):
             acc = out[i, a]
@@ -185,8 +185,8 @@ class DirectMethodObjective:
         self.d, self.k = ode.n_states, ode.n_theta
         self.shape = (self.times.size, self.d)
         self.grid = ABGrid(self.times, self.h, self.order, ADAMS_BASHFORTH)
-        self._call = functools.partial(discretization_objective.entry_point, ode.rhs, ode.jac_y, ode.jac_p)
-        self._predict = functools.partial(_ab_predict_kernel.entry_point, ode.rhs)
+        self._call = functools.partial(discretization_objective.entry_point, *ode.field_addresses)
+        self._predict = functools.partial(_ab_predict_kernel.entry_point, ode.rhs.address)
         self._no_gx = np.zeros((0, 0))
         self._no_gt = np.zeros(0)
         self.n_evals = 0

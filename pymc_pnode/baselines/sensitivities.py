@@ -19,8 +19,7 @@ backwards along the dense forward solution, giving :math:`\partial h/\partial y_
 :math:`\partial h/\partial\theta = g(t_0)` for a terminal function :math:`h(y(t_1))`.
 
 The right-hand sides are small Python callables around the ODE's compiled numba functions (called
-directly: about a microsecond each, where passing them as first-class arguments into a numba kernel
-costs ~50 µs of dispatch per call from Python); scipy's ``solve_ivp`` does the stepping.
+directly: about a microsecond each); scipy's ``solve_ivp`` does the stepping.
 Implicit methods (``Radau``, ``BDF``, ``LSODA``) receive the exact Jacobian of the augmented system.
 Failures (poles, stiffness, non-finite values) are returned in the solution, never raised.
 """

@@ -6,7 +6,6 @@ Modules, one concept each:
 * :mod:`~pymc_pnode.chkrebtii.structure` -- the covariance algebra of Algorithm 1 (O(N) for the
   uniform kernel) with exact length-scale tangents;
 * :mod:`~pymc_pnode.chkrebtii.recursion` -- the nonlinear recursion and its adjoint (numba);
-* :mod:`~pymc_pnode.chkrebtii.callbacks` -- C callbacks of the vector field for the kernels;
 * :mod:`~pymc_pnode.chkrebtii.delay` -- :class:`DelayODE` (constant delay, history, forcing);
 * :mod:`~pymc_pnode.chkrebtii.problem` -- settings validation shared by sampler and layer;
 * :mod:`~pymc_pnode.chkrebtii.sampler` -- :func:`chkrebtii_sample` (Algorithm 1 draws);

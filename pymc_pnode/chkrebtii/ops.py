@@ -22,7 +22,7 @@ from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from pymc_pnode._jit import as_readonly, readonly
+from pymc_pnode._jit import as_readonly, readonly, register_numba
 from pymc_pnode.chkrebtii.problem import Discretisation, field_spec
 from pymc_pnode.chkrebtii.recursion import Innovations, Setting, backward, forward
 from pymc_pnode.chkrebtii.structure import Weights, covariance_structure, stacked_structure
@@ -191,90 +191,79 @@ class RecursionGradOp(_RecursionBase):
         raise NotImplementedError("second derivatives of the Chkrebtii recursion are not implemented")
 
 
-def _register_numba() -> None:
-    """Compile the recursion Ops into PyTensor's numba backend (the default linker, and nutpie).
+# Under the numba backend (the default linker, and nutpie) the recursion Ops compile into the graph function,
+# where the vector field's callback addresses are compile-time constants.
+def _structure_function(op, tangent: bool):
+    from pytensor.link.numba.dispatch.basic import numba_njit
 
-    Inside the generated graph function the vector field is a compile-time constant, which avoids
-    the per-call cost of passing numba first-class functions from Python (tens of microseconds).
-    """
-    try:
-        from pytensor.link.numba.dispatch.basic import numba_njit, register_funcify_and_cache_key
-    except ImportError:  # pragma: no cover - older PyTensor without the numba backend
-        return
+    nn, span, times, kind, noise, jitter = op.disc.structure_arguments()
 
-    def structure_function(op, tangent: bool):
-        nn, span, times, kind, noise, jitter = op.disc.structure_arguments()
+    @numba_njit
+    def chkrebtii_structure(lam):
+        return stacked_structure(nn, span, times, as_readonly(np.ascontiguousarray(lam)), kind, noise, jitter,
+                                 tangent)
 
-        @numba_njit
-        def chkrebtii_structure(lam):
-            return stacked_structure(nn, span, times, as_readonly(np.ascontiguousarray(lam)), kind, noise, jitter,
-                                     tangent)
-
-        return chkrebtii_structure
-
-    @register_funcify_and_cache_key(CovarianceStructureOp)
-    def _funcify_structure(op, node=None, **kwargs):
-        structure = structure_function(op, False)
-
-        @numba_njit
-        def chkrebtii_structure_values(lam):  # one output per Op output
-            v, w, _ = structure(lam)
-            return v.lb, v.ginf, v.gn, v.sd, v.hh, v.lt, w
-
-        return chkrebtii_structure_values, None
-
-    @register_funcify_and_cache_key(CovarianceTangentOp)
-    def _funcify_tangent(op, node=None, **kwargs):
-        structure = structure_function(op, True)
-
-        @numba_njit
-        def chkrebtii_structure_tangent(lam):
-            _, _, t = structure(lam)
-            return t.lb, t.ginf, t.gn, t.sd, t.hh, t.lt
-
-        return chkrebtii_structure_tangent, None
-
-    def constants(op):
-        return op.spec.functions, op.setting
-
-    @nb.njit(inline="always")
-    def arguments(fixed, inputs):
-        """The recursion's bundles from the Op's inputs inside the compiled graph (its arrays typed read-only)."""
-        y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w = inputs
-        _, cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing = fixed
-        setting = Setting(as_readonly(np.ascontiguousarray(w)), cmap, grid, draw, lag_mode, tau_index, tau_fixed,
-                          forcing)
-        c = np.ascontiguousarray
-        weights = Weights(as_readonly(c(lb)), as_readonly(c(ginf)), as_readonly(c(gn)), as_readonly(c(sd)),
-                          as_readonly(c(hh)), as_readonly(c(lt)))
-        innovations = Innovations(as_readonly(c(y0)), as_readonly(c(theta)), as_readonly(c(z)), as_readonly(c(zt)))
-        return setting, weights, innovations
-
-    @register_funcify_and_cache_key(RecursionOp)
-    def _funcify_recursion(op, node=None, **kwargs):
-        (rhs, jac_y, jac_p, hist, hist_jp, hist_dt), fixed = constants(op)
-
-        @numba_njit
-        def chkrebtii_recursion(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w):  # the Op's inputs
-            setting, weights, innovations = arguments(fixed, (y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w))
-            out, _, _, _, _, status = forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights,
-                                              innovations)
-            return out, np.asarray(1.0 if status != 0 else 0.0)
-
-        return chkrebtii_recursion, None
-
-    @register_funcify_and_cache_key(RecursionGradOp)
-    def _funcify_recursion_grad(op, node=None, **kwargs):
-        (rhs, jac_y, jac_p, hist, hist_jp, hist_dt), fixed = constants(op)
-
-        @numba_njit
-        def chkrebtii_recursion_grad(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w, ubar):  # the Op's inputs
-            setting, weights, innovations = arguments(fixed, (y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w))
-            y0b, thb, zb, ztb, wb = backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights,
-                                            innovations, as_readonly(np.ascontiguousarray(ubar)))
-            return y0b, thb, zb, ztb, wb.lb, wb.ginf, wb.gn, wb.sd, wb.hh, wb.lt
-
-        return chkrebtii_recursion_grad, None
+    return chkrebtii_structure
 
 
-_register_numba()
+def _structure_values(op):
+    structure = _structure_function(op, False)
+
+    def chkrebtii_structure_values(lam):  # one output per Op output
+        v, w, _ = structure(lam)
+        return v.lb, v.ginf, v.gn, v.sd, v.hh, v.lt, w
+
+    return chkrebtii_structure_values
+
+
+def _structure_tangent(op):
+    structure = _structure_function(op, True)
+
+    def chkrebtii_structure_tangent(lam):
+        _, _, t = structure(lam)
+        return t.lb, t.ginf, t.gn, t.sd, t.hh, t.lt
+
+    return chkrebtii_structure_tangent
+
+
+@nb.njit(inline="always")
+def _bundles(fixed, inputs):
+    """The recursion's bundles from the Op's inputs inside the compiled graph (its arrays typed read-only)."""
+    y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w = inputs
+    _, cmap, grid, draw, lag_mode, tau_index, tau_fixed, forcing = fixed
+    setting = Setting(as_readonly(np.ascontiguousarray(w)), cmap, grid, draw, lag_mode, tau_index, tau_fixed,
+                      forcing)
+    c = np.ascontiguousarray
+    weights = Weights(as_readonly(c(lb)), as_readonly(c(ginf)), as_readonly(c(gn)), as_readonly(c(sd)),
+                      as_readonly(c(hh)), as_readonly(c(lt)))
+    innovations = Innovations(as_readonly(c(y0)), as_readonly(c(theta)), as_readonly(c(z)), as_readonly(c(zt)))
+    return setting, weights, innovations
+
+
+def _recursion(op):
+    (rhs, jac_y, jac_p, hist, hist_jp, hist_dt), fixed = op.spec.functions, op.setting
+
+    def chkrebtii_recursion(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w):  # the Op's inputs
+        setting, weights, innovations = _bundles(fixed, (y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w))
+        out, _, _, _, _, status = forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights, innovations)
+        return out, np.asarray(1.0 if status != 0 else 0.0)
+
+    return chkrebtii_recursion
+
+
+def _recursion_grad(op):
+    (rhs, jac_y, jac_p, hist, hist_jp, hist_dt), fixed = op.spec.functions, op.setting
+
+    def chkrebtii_recursion_grad(y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w, ubar):  # the Op's inputs
+        setting, weights, innovations = _bundles(fixed, (y0, theta, z, zt, lb, ginf, gn, sd, hh, lt, w))
+        y0b, thb, zb, ztb, wb = backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights, innovations,
+                                        as_readonly(np.ascontiguousarray(ubar)))
+        return y0b, thb, zb, ztb, wb.lb, wb.ginf, wb.gn, wb.sd, wb.hh, wb.lt
+
+    return chkrebtii_recursion_grad
+
+
+register_numba(CovarianceStructureOp, _structure_values)
+register_numba(CovarianceTangentOp, _structure_tangent)
+register_numba(RecursionOp, _recursion)
+register_numba(RecursionGradOp, _recursion_grad)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from pymc_pnode._jit import readonly
-from pymc_pnode.chkrebtii.callbacks import ode_callbacks
 from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.kernels import kernel_code
 from pymc_pnode.chkrebtii.recursion import LAG_CONSTANT, LAG_FUNCTION, LAG_NONE, Setting
@@ -130,14 +129,13 @@ def field_spec(ode: ODE | DelayODE, grid: np.ndarray) -> FieldSpec:
         history = (0, 0, 0)  # LAG_CONSTANT: never called
         mode = LAG_CONSTANT
         if ode.history_ode is not None:
-            hist, _, hist_jp = ode_callbacks(ode.history_ode)
-            history = (hist, hist_jp, ode_callbacks(ode.history_dt_ode)[0])
+            history = (ode.history_ode.rhs.address, ode.history_ode.jac_p.address, ode.history_dt_ode.rhs.address)
             mode = LAG_FUNCTION
         tau_index = -1 if ode.delay_param is None else ode.delay_param
         tau_fixed = 0.0 if ode.delay is None else ode.delay
-        return FieldSpec((*ode_callbacks(ode.augmented), *history), mode, tau_index, tau_fixed,
+        return FieldSpec((*ode.augmented.field_addresses, *history), mode, tau_index, tau_fixed,
                          ode.forcing_values(grid), ode.n_states, ode.n_theta)
     if isinstance(ode, ODE):
-        return FieldSpec((*ode_callbacks(ode), 0, 0, 0), LAG_NONE, -1, 0.0, np.zeros((grid.size, 0)), ode.n_states,
+        return FieldSpec((*ode.field_addresses, 0, 0, 0), LAG_NONE, -1, 0.0, np.zeros((grid.size, 0)), ode.n_states,
                          ode.n_theta)
     raise ValueError(f"ode must be a pymc_pnode.ODE or DelayODE, got {type(ode).__name__}")

@@ -16,7 +16,7 @@ draws without their noise) on the grid, or the history function before ``t0``.
 
 ``backward`` recomputes the forward pass and returns the exact reverse-mode gradient with respect
 to every input (``y0``, ``theta``, the innovations and the structure arrays). Both kernels take the
-vector field as addresses of C callbacks (:mod:`pymc_pnode.chkrebtii.callbacks`) and named bundles of
+vector field as addresses of C callbacks (:mod:`pymc_pnode._callbacks`) and named bundles of
 arrays, with explicit signatures: they are compiled once (and cached on disk) for every ODE, at their
 first use.
 """
@@ -29,8 +29,8 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
+from pymc_pnode._callbacks import call
 from pymc_pnode._jit import JIT, compile_on_first_use, readonly
-from pymc_pnode.chkrebtii.callbacks import call_fn
 from pymc_pnode.chkrebtii.structure import Weights
 
 __all__ = ["LAG_CONSTANT", "LAG_FUNCTION", "LAG_NONE", "Innovations", "Setting", "backward", "forward"]
@@ -152,12 +152,12 @@ def forward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights, innovat
                 for i in range(d):
                     paug[n, k + i] = y0[i]
             else:
-                call_fn(hist, y0w, grid[0] + a, thw, lagbuf)
+                call(hist, y0w, grid[0] + a, thw, lagbuf)
                 for i in range(d):
                     paug[n, k + i] = lagbuf[i]
         for q in range(forcing.shape[1]):
             paug[n, k + nl + q] = forcing[n, q]
-        call_fn(rhs, u[n], grid[n], paug[n], fbuf)
+        call(rhs, u[n], grid[n], paug[n], fbuf)
         for i in range(d):
             c = cmap[i]
             w = wv[c]
@@ -258,8 +258,8 @@ def backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights, innova
                 lbb[c, n, o] -= fb[i] * e[n - o, i]
                 eb[n - o, i] -= fb[i] * lb[c, n, o]
         # f_n = f(u_n, s_n, paug_n)
-        call_fn(jac_y, u[n], grid[n], paug[n], jy)
-        call_fn(jac_p, u[n], grid[n], paug[n], jp)
+        call(jac_y, u[n], grid[n], paug[n], jy)
+        call(jac_p, u[n], grid[n], paug[n], jp)
         for j in range(d):
             acc = 0.0
             for i in range(d):
@@ -287,8 +287,8 @@ def backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights, innova
                 for i in range(d):
                     y0b[i] += lagb[i]
             else:
-                call_fn(hist_jp, y0w, grid[0] + a, thw, hjp)
-                call_fn(hist_dt, y0w, grid[0] + a, thw, hdt)
+                call(hist_jp, y0w, grid[0] + a, thw, hjp)
+                call(hist_dt, y0w, grid[0] + a, thw, hdt)
                 for i in range(d):
                     for q in range(k):
                         thb[q] += hjp[i, q] * lagb[i]

@@ -22,7 +22,7 @@ import math
 import numba as nb
 import numpy as np
 
-from pymc_pnode._codegen import MAT_FN, VEC_FN
+from pymc_pnode._callbacks import FN, call
 from pymc_pnode._jit import JIT, compile_on_first_use
 from pymc_pnode.classical.rk import RKField, Tableau, rk_adjoint_work, rk_step_adjoint
 from pymc_pnode.filtering.linalg import all_finite
@@ -56,7 +56,7 @@ _R1 = nb.types.Array(nb.float64, 1, "C", readonly=True)
 _R2 = nb.types.Array(nb.float64, 2, "C", readonly=True)
 _W1 = nb.float64[::1]
 
-_FORWARD_SIG = (VEC_FN, _W1, _R1, nb.float64, _R1, nb.float64, nb.float64, nb.int64)
+_FORWARD_SIG = (FN, _W1, _R1, nb.float64, _R1, nb.float64, nb.float64, nb.int64)
 
 
 @compile_on_first_use(_FORWARD_SIG, **JIT)
@@ -83,7 +83,7 @@ def dopri_forward(rhs, p, y0, t0, times, rtol, atol, max_steps):
     xs = np.empty((7, d))
     xb = np.empty(d)
     fb = np.empty(d)
-    rhs(x, t0, p, fb)
+    call(rhs, x, t0, p, fb)
     ks[0] = fb
     status = STATUS_SUCCESS if all_finite(fb) else STATUS_NONFINITE
     t = t0
@@ -108,7 +108,7 @@ def dopri_forward(rhs, p, y0, t0, times, rtol, atol, max_steps):
                     acc += h_try * a[st, j] * ks[j, m]
                 xs[st, m] = acc
                 xb[m] = acc
-            rhs(xb, t + c[st] * h_try, p, fb)
+            call(rhs, xb, t + c[st] * h_try, p, fb)
             ks[st] = fb
         err = 0.0
         for m in range(d):
@@ -140,7 +140,7 @@ def dopri_forward(rhs, p, y0, t0, times, rtol, atol, max_steps):
     return ys, ts[: n + 1].copy(), traj[: n + 1].copy(), status, n_rejected
 
 
-_BACKWARD_SIG = (VEC_FN, MAT_FN, MAT_FN, _W1, _R1, _R2, _R1, _R2)
+_BACKWARD_SIG = (FN, FN, FN, _W1, _R1, _R2, _R1, _R2)
 
 
 @compile_on_first_use(_BACKWARD_SIG, **JIT)

@@ -6,7 +6,7 @@ differentiation of the scheme itself, i.e. the symplectic-partner adjoint of San
 000 §3.4), so an optimiser or NUTS sees a gradient consistent with the number it computes.
 
 Two numba kernels serve every ODE and every method (the vector field and its Jacobians arrive as
-first-class functions, see :mod:`pymc_pnode._codegen`): :func:`rk_forward` and :func:`rk_backward`.
+addresses of C callbacks, see :mod:`pymc_pnode._callbacks`): :func:`rk_forward` and :func:`rk_backward`.
 :class:`FixedStepSolver` validates the inputs and lays out the step grid; :func:`rk_solve` wraps it in
 PyTensor Ops (forward and adjoint), with ``numba_funcify`` registrations for ``mode="NUMBA"``.
 
@@ -38,8 +38,8 @@ from pytensor.gradient import DisconnectedType, grad_not_implemented
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
-from pymc_pnode._codegen import MAT_FN, VEC_FN
-from pymc_pnode._jit import JIT, compile_on_first_use, readonly
+from pymc_pnode._callbacks import FN, call
+from pymc_pnode._jit import JIT, compile_on_first_use, readonly, register_numba
 from pymc_pnode.filtering.linalg import all_finite
 from pymc_pnode.validation import as_positive_float, validate_times
 
@@ -56,8 +56,7 @@ __all__ = [
 _SCHEME_RK = 0
 _SCHEME_SV = 1
 
-# The vector field with its derivatives, as the adjoint steps need it (a named tuple with an array: numba
-# cannot build a plain tuple of first-class functions of different signatures).
+# The vector field with its derivatives (callback addresses), as the adjoint steps need it.
 RKField = namedtuple("RKField", "rhs jac_y jac_p theta")
 # An explicit Runge–Kutta method's Butcher tableau.
 Tableau = namedtuple("Tableau", "a b c")
@@ -98,9 +97,9 @@ METHODS: dict[str, int] = {
 
 
 # ----------------------------------------------------------------------------------- kernels
-# The generated vector-field functions are called through first-class function pointers; handing
-# them array *views* (``xs[i]``) costs ~5x more per call than whole 1-d buffers (measured), so every
-# call below goes through the dedicated buffers ``xb`` (argument) and ``fb`` (result). The helpers
+# Every call of the vector field goes through the dedicated buffers ``xb`` (argument) and ``fb``
+# (result): through the first-class functions the kernels took before the C callbacks, array *views*
+# (``xs[i]``) cost ~5x more per call than whole 1-d buffers (measured). The helpers
 # are inlined: a real call passing a dozen arrays pays reference counting on each of them.
 @nb.njit(inline="always", **JIT)
 def _rk_stages(rhs, p, x, t, h, tableau, work):
@@ -117,7 +116,7 @@ def _rk_stages(rhs, p, x, t, h, tableau, work):
                     acc += h * a[i, j] * ks[j, m]
             xs[i, m] = acc
             xb[m] = acc
-        rhs(xb, t + c[i] * h, p, fb)
+        call(rhs, xb, t + c[i] * h, p, fb)
         for m in range(d):
             ks[i, m] = fb[m]
 
@@ -145,7 +144,7 @@ def _sv_stages(rhs, p, x, t, h, work):
     for i in range(d):
         ys[0, i] = x[i]
         xb[i] = x[i]
-    rhs(xb, t, p, fb)
+    call(rhs, xb, t, p, fb)
     for i in range(d):
         fs[0, i] = fb[i]
     for i in range(m):
@@ -153,7 +152,7 @@ def _sv_stages(rhs, p, x, t, h, work):
         ys[1, m + i] = x[m + i]
     for i in range(d):
         xb[i] = ys[1, i]
-    rhs(xb, t + 0.5 * h, p, fb)
+    call(rhs, xb, t + 0.5 * h, p, fb)
     for i in range(d):
         fs[1, i] = fb[i]
     for i in range(m):
@@ -161,7 +160,7 @@ def _sv_stages(rhs, p, x, t, h, work):
         ys[2, m + i] = x[m + i] + h * fs[1, m + i]  # v_{n+1}
     for i in range(d):
         xb[i] = ys[2, i]
-    rhs(xb, t + h, p, fb)
+    call(rhs, xb, t + h, p, fb)
     for i in range(d):
         fs[2, i] = fb[i]
 
@@ -173,7 +172,7 @@ def _stage_vjp(jac_y, jac_p, p, st, t, fbar, gp, work):
     d = ys.shape[1]
     for i in range(d):
         xb[i] = ys[st, i]
-    jac_y(xb, t, p, jy)
+    call(jac_y, xb, t, p, jy)
     for j in range(d):
         acc = 0.0
         for i in range(d):
@@ -181,7 +180,7 @@ def _stage_vjp(jac_y, jac_p, p, st, t, fbar, gp, work):
         ybar[st, j] = acc
     nth = gp.shape[0]
     if nth > 0:
-        jac_p(xb, t, p, jp)
+        call(jac_p, xb, t, p, jp)
         for j in range(nth):
             acc = 0.0
             for i in range(d):
@@ -240,7 +239,7 @@ _RI1 = nb.types.Array(nb.int64, 1, "C", readonly=True)
 
 _GRID_T = nb.types.NamedTuple([nb.float64, _R1, _RI1, _R1], StepGrid)
 _TABLEAU_T = nb.types.NamedTuple([_R2, _R1, _R1], Tableau)
-_FORWARD_SIG = (VEC_FN, _W1, _R1, _GRID_T, nb.int64, _TABLEAU_T)
+_FORWARD_SIG = (FN, _W1, _R1, _GRID_T, nb.int64, _TABLEAU_T)
 
 
 @compile_on_first_use(_FORWARD_SIG, **JIT)
@@ -301,7 +300,7 @@ def rk_forward(rhs, p, y0, grid, scheme, tableau):
 
 
 _R3 = nb.types.Array(nb.float64, 3, "C", readonly=True)
-_PERTURBED_SIG = (VEC_FN, _W1, _R1, _GRID_T, _TABLEAU_T, _R3)
+_PERTURBED_SIG = (FN, _W1, _R1, _GRID_T, _TABLEAU_T, _R3)
 
 
 @compile_on_first_use(_PERTURBED_SIG, **JIT)
@@ -346,7 +345,7 @@ def rk_perturbed_forward(rhs, p, y0, grid, tableau, noise):
     return ys
 
 
-_BACKWARD_SIG = (VEC_FN, MAT_FN, MAT_FN, _W1, _R2, _GRID_T, nb.int64, _TABLEAU_T, _R2)
+_BACKWARD_SIG = (FN, FN, FN, _W1, _R2, _GRID_T, nb.int64, _TABLEAU_T, _R2)
 
 
 @compile_on_first_use(_BACKWARD_SIG, **JIT)
@@ -559,12 +558,11 @@ class FixedStepSolver:
 
     def forward(self, y0: np.ndarray, theta: np.ndarray):
         """Raw forward pass on validated float64 arrays: ``(ys, traj, ok)`` (see :func:`rk_forward`)."""
-        return rk_forward(self.ode.rhs, theta, y0, self.grid, self.scheme, self.tableau)
+        return rk_forward(self.ode.rhs.address, theta, y0, self.grid, self.scheme, self.tableau)
 
     def backward(self, theta: np.ndarray, traj: np.ndarray, g_obs: np.ndarray):
         """Raw adjoint pass: ``(dL/dy0, dL/dtheta)`` for the cotangent ``g_obs = dL/dys``."""
-        return rk_backward(self.ode.rhs, self.ode.jac_y, self.ode.jac_p, theta, traj, self.grid, self.scheme,
-                           self.tableau, g_obs)
+        return rk_backward(*self.ode.field_addresses, theta, traj, self.grid, self.scheme, self.tableau, g_obs)
 
     def perturbed_solve(self, y0, theta, n_samples: int, rng=None) -> np.ndarray:
         """``n_samples`` randomised solutions at ``times``, shape ``(n_samples, K, n_states)``.
@@ -578,7 +576,7 @@ class FixedStepSolver:
         y0 = self.ode.validate_y0(y0)
         theta = self.ode.validate_theta(theta)
         noise = np.random.default_rng(rng).standard_normal((int(n_samples), self.n_steps, self.n_states))
-        return rk_perturbed_forward(self.ode.rhs, theta, y0, self.grid, self.tableau, readonly(noise))
+        return rk_perturbed_forward(self.ode.rhs.address, theta, y0, self.grid, self.tableau, readonly(noise))
 
     def solve(self, y0, theta=None) -> np.ndarray:
         """States at ``times``, shape ``(K, n_states)`` (NaN rows after a divergence).
@@ -754,42 +752,33 @@ def solver_op(solver: FixedStepSolver, y0, theta) -> pt.TensorVariable:
 
 
 # ----------------------------------------------------------------------------------- numba mode
-def _register_numba() -> None:
-    try:
-        from pytensor.link.numba.dispatch import numba_funcify
-        from pytensor.link.numba.dispatch.basic import numba_njit
-    except ImportError:  # pragma: no cover - numba backend unavailable
-        return
+def _forward_function(op: RKSolveOp):
+    s = op.solver
+    rhs, scheme = s.ode.rhs.address, s.scheme
+    t0, times, nsub, hsub = s.grid
+    a, b, c = s.tableau
 
-    @numba_funcify.register(RKSolveOp)
-    def _funcify_forward(op, node=None, **kwargs):
-        s = op.solver
-        rhs, scheme = s.ode.rhs, s.scheme
-        t0, times, nsub, hsub = s.grid
-        a, b, c = s.tableau
+    def rk_solve_op(y0, theta):
+        ys, traj, _ = rk_forward(rhs, np.ascontiguousarray(theta).copy(), np.ascontiguousarray(y0),
+                                 StepGrid(t0, times, nsub, hsub), scheme, Tableau(a, b, c))
+        return ys, traj
 
-        @numba_njit
-        def rk_solve_op(y0, theta):
-            ys, traj, _ = rk_forward(rhs, np.ascontiguousarray(theta).copy(), np.ascontiguousarray(y0),
-                                     StepGrid(t0, times, nsub, hsub), scheme, Tableau(a, b, c))
-            return ys, traj
-
-        return rk_solve_op
-
-    @numba_funcify.register(RKAdjointOp)
-    def _funcify_adjoint(op, node=None, **kwargs):
-        s = op.solver
-        rhs, jac_y, jac_p = s.ode.rhs, s.ode.jac_y, s.ode.jac_p
-        scheme = s.scheme
-        t0, times, nsub, hsub = s.grid
-        a, b, c = s.tableau
-
-        @numba_njit
-        def rk_adjoint_op(theta, traj, g_ys):
-            return rk_backward(rhs, jac_y, jac_p, np.ascontiguousarray(theta).copy(), np.ascontiguousarray(traj),
-                               StepGrid(t0, times, nsub, hsub), scheme, Tableau(a, b, c), np.ascontiguousarray(g_ys))
-
-        return rk_adjoint_op
+    return rk_solve_op
 
 
-_register_numba()
+def _adjoint_function(op: RKAdjointOp):
+    s = op.solver
+    rhs, jac_y, jac_p = s.ode.field_addresses
+    scheme = s.scheme
+    t0, times, nsub, hsub = s.grid
+    a, b, c = s.tableau
+
+    def rk_adjoint_op(theta, traj, g_ys):
+        return rk_backward(rhs, jac_y, jac_p, np.ascontiguousarray(theta).copy(), np.ascontiguousarray(traj),
+                           StepGrid(t0, times, nsub, hsub), scheme, Tableau(a, b, c), np.ascontiguousarray(g_ys))
+
+    return rk_adjoint_op
+
+
+register_numba(RKSolveOp, _forward_function)
+register_numba(RKAdjointOp, _adjoint_function)

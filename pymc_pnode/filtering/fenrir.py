@@ -28,7 +28,7 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
-from pymc_pnode._codegen import CONTRACT_FN, MAT_FN, VEC_FN
+from pymc_pnode._callbacks import FN, call
 from pymc_pnode._jit import COMPILE_LOCK, INLINE_JIT, slp_vectorization
 from pymc_pnode.filtering.calibration import (
     KAPPA_FLOOR,
@@ -94,8 +94,12 @@ from pymc_pnode.filtering.update import (
     update_adjoint_work,
 )
 
-# Everything the kernel takes besides the vector field's functions (numba passes first-class functions
-# only as separate arguments). ``stops`` are the grid (fixed steps) or the stops the error-controlled
+# The ODE's generated functions the kernel calls (addresses of C callbacks, :mod:`pymc_pnode._callbacks`): f, its
+# Jacobians, the contracted second derivatives (:attr:`pymc_pnode.ODE.hess_contract`), the Taylor coefficients of
+# the exact initialisation and their vector–Jacobian product.
+FenrirFunctions = namedtuple("FenrirFunctions", ["rhs", "jac_y", "jac_p", "hess_contract", "taylor", "taylor_vjp"])
+_FENRIR_FUNCTIONS_T = nb.types.NamedUniTuple(FN, 6, FenrirFunctions)  # (typeof of a homogeneous namedtuple)
+# Everything else the kernel takes. ``stops`` are the grid (fixed steps) or the stops the error-controlled
 # steps must hit; ``stop_obs[j]`` is the data row observed at ``stops[j]`` (or -1). ``control.h0`` is
 # ignored (the kernel chooses the first step).
 FenrirArguments = namedtuple(
@@ -113,7 +117,7 @@ KBAR_ADD, KBAR_STORE, KBAR_LOCAL, KBAR_NONE = 0, 1, 2, 3  # what a reverse sweep
 
 
 def _fenrir_signature(structure: str) -> tuple:
-    """The kernel's signature: the vector field's functions, the :data:`FenrirArguments` and the zero initial
+    """The kernel's signature: the :data:`FenrirFunctions`, the :data:`FenrirArguments` and the zero initial
     root, 2-d (dense) or 3-d (block structures, :mod:`.structure`)."""
     arguments = nb.types.NamedTuple(
         [nb.float64[::1], nb.float64[::1], nb.float64[:, ::1], nb.boolean, nb.float64, nb.int64, STEPPING_T,
@@ -122,7 +126,7 @@ def _fenrir_signature(structure: str) -> tuple:
         FenrirArguments,
     )
     root = nb.float64[:, ::1] if structure == DENSE else nb.float64[:, :, ::1]
-    return (VEC_FN, MAT_FN, MAT_FN, CONTRACT_FN, MAT_FN, CONTRACT_FN, arguments, root)
+    return (_FENRIR_FUNCTIONS_T, arguments, root)
 
 
 @nb.njit(inline="always", **INLINE_JIT)
@@ -419,7 +423,7 @@ def _initial_state_adjoint(taylor_vjp, args: FenrirArguments, t0: float, mbar: n
     k = args.theta.shape[0]
     gy = np.empty(d)
     gp = np.empty(k)
-    taylor_vjp(args.y0, t0, args.theta, np.ascontiguousarray(mbar).reshape((q + 1, d)), gy, gp)
+    call(taylor_vjp, args.y0, t0, args.theta, np.ascontiguousarray(mbar).reshape((q + 1, d)), gy, gp)
     for j in range(d):
         grad[j] += gy[j]
     for j in range(k):
@@ -457,7 +461,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
     from ``y0`` at run time).
     """
 
-    def fenrir_terms(rhs, jac_y, jac_p, hess_contract, taylor, taylor_vjp, args, r0):
+    def fenrir_terms(functions, args, r0):
         """Per-observation Fenrir log-likelihood terms and, optionally, a vector–Jacobian product.
 
         The solver steps from ``stops[0]`` through every entry of ``args.stops``. Without
@@ -487,6 +491,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
         ``stepping``); ``ok`` is False when the solve failed: non-finite values, a fixed step that fails
         :func:`~pymc_pnode.filtering.stepping.fixed_step_failed`, ``max_steps`` reached or a collapsing step.
         """
+        rhs, jac_y, jac_p, hess_contract, taylor, taylor_vjp = functions
         theta, stops, rq = args.theta, args.stops, args.rq
         d = n_states if n_states > 0 else args.y0.shape[0]
         k = theta.shape[0]
@@ -499,7 +504,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
 
         # ---------------------------------------------------------------- forward ODE filter
         coeffs = np.empty((q + 1, d))
-        taylor(args.y0, stops[0], theta, coeffs)
+        call(taylor, args.y0, stops[0], theta, coeffs)
         mu0 = coeffs.reshape(dd).copy()
         if not all_finite(mu0):
             return terms, grad, False, info, stops[:1]

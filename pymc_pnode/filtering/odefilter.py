@@ -2,8 +2,8 @@
 
 One loop serves ``pn.solve`` (:func:`run_filter`) and the Fenrir likelihood: predict (:mod:`.predict`),
 linearise and update (:mod:`.update`), estimate the local error and diffusion (:mod:`.calibration`), choose
-or check the step (:mod:`.stepping`). The vector field and its Jacobian arrive as numba first-class
-functions (see ``pymc_pnode._codegen``), so one compiled kernel serves every ODE. Layout: derivative-major
+or check the step (:mod:`.stepping`). The vector field and its Jacobian arrive as addresses of C
+callbacks (:mod:`pymc_pnode._callbacks`), so one compiled kernel serves every ODE. Layout: derivative-major
 states of length ``D = (q+1) d``, right square roots ``Σ = R^T R`` (Bosch, 2024, PhD thesis).
 """
 
@@ -15,7 +15,7 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
-from pymc_pnode._codegen import MAT_FN, VEC_FN
+from pymc_pnode._callbacks import call
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use
 from pymc_pnode.filtering.calibration import floored_kappa, local_error, local_error_work
 from pymc_pnode.filtering.linalg import all_finite
@@ -32,7 +32,7 @@ from pymc_pnode.filtering.stepping import (
     propose_step,
 )
 from pymc_pnode.filtering.structure import block_local_error, block_rows, predict_roots, root_shape, update_roots
-from pymc_pnode.filtering.update import VectorField, linearisation_work, linearise
+from pymc_pnode.filtering.update import VECTOR_FIELD_T, VectorField, linearisation_work, linearise
 
 DIFFUSION_FIXED = 0
 DIFFUSION_GLOBAL = 1
@@ -207,7 +207,7 @@ def forward_pass(
                 # solution (one more evaluation of f, at the updated solution).
                 for k in range(d):
                     xi[k] = mu_p[k]
-                rhs(xi, t_new, theta, f_post)
+                call(rhs, xi, t_new, theta, f_post)
                 n_f += 1
                 if fixed_step_failed(h_try, mu_prev, mu_pred_p, mu_p, f_post, d):
                     status = STATUS_DIVERGED
@@ -278,7 +278,7 @@ def rescale_roots(run: ForwardRun, kappa: float) -> None:
 _DIFFUSION_T = nb.types.NamedTuple([nb.int64, nb.float64], Diffusion)
 
 
-def _run_filter(rhs, jac_y, theta, ek1, mu0, r0, rq, diffusion, control, stops):
+def _run_filter(field, mu0, r0, rq, diffusion, control, stops):
     """:func:`forward_pass` for ``pn.solve``: IWP order and states from ``rq`` and ``mu0``, the structure from
     the zero root ``r0``, nothing kept.
 
@@ -286,15 +286,14 @@ def _run_filter(rhs, jac_y, theta, ek1, mu0, r0, rq, diffusion, control, stops):
     """
     q = rq.shape[0] - 1
     d = mu0.shape[0] // (q + 1)
-    return forward_pass(VectorField(rhs, jac_y, theta, ek1), mu0, r0, rq, q, d, diffusion, control, stops, False)
+    return forward_pass(field, mu0, r0, rq, q, d, diffusion, control, stops, False)
 
 
-# Explicit signatures: the vector field arrives as a first-class function type, so each kernel is compiled
-# (and cached on disk) once for every ODE instead of once per ODE — at its first call, not at import. One
-# kernel per rank of the root: dense, and block-diagonal or isotropic (:mod:`.structure`).
+# Explicit signatures: the vector field arrives as addresses of C callbacks (:mod:`pymc_pnode._callbacks`), so
+# each kernel is compiled (and cached on disk) once for every ODE instead of once per ODE — at its first call,
+# not at import. One kernel per rank of the root: dense, and block-diagonal or isotropic (:mod:`.structure`).
 def _run_filter_signature(root_type):
-    return (VEC_FN, MAT_FN, nb.float64[::1], nb.boolean, nb.float64[::1], root_type, nb.float64[:, ::1],
-            _DIFFUSION_T, STEPPING_T, nb.float64[::1])
+    return (VECTOR_FIELD_T, nb.float64[::1], root_type, nb.float64[:, ::1], _DIFFUSION_T, STEPPING_T, nb.float64[::1])
 
 
 run_filter = compile_on_first_use(_run_filter_signature(nb.float64[:, ::1]), **INLINE_JIT)(_run_filter)

@@ -14,7 +14,7 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
-from pymc_pnode._codegen import VEC_FN
+from pymc_pnode._callbacks import call
 from pymc_pnode._jit import INLINE_JIT
 
 STATUS_SUCCESS = 0
@@ -99,11 +99,11 @@ def accepted_step_factor(err: float, err_prev: float, q: int) -> tuple[float, fl
 
 
 @nb.njit(**INLINE_JIT)
-def initial_step_size(rhs: VEC_FN, y0: np.ndarray, t0: float, p: np.ndarray, rtol: float, atol: float) -> float:
+def initial_step_size(rhs: int, y0: np.ndarray, t0: float, p: np.ndarray, rtol: float, atol: float) -> float:
     """Step-size guess from the scale of ``y0`` and ``f(y0)`` (Hairer, Nørsett & Wanner, 1993, §II.4)."""
     d = y0.shape[0]
     f0 = np.empty(d)
-    rhs(y0, t0, p, f0)
+    call(rhs, y0, t0, p, f0)
     d0 = 0.0
     d1 = 0.0
     for k in range(d):

@@ -25,7 +25,7 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
-from pymc_pnode._codegen import MAT_FN, TEN_FN, VEC_FN
+from pymc_pnode._callbacks import FN, call
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use, readonly
 from pymc_pnode.filtering.linalg import matmul, matmul_nt, matmul_tn, solve_gram_inplace
 from pymc_pnode.filtering.predict import predict_root
@@ -63,8 +63,12 @@ def stored_run(grid: np.ndarray, mu: np.ndarray, r: np.ndarray, kappa: np.ndarra
 _STORED_RUN_T = nb.types.NamedTuple([_R1, _R2, _R3, _R1, _RI1], StoredRun)
 _STEP_TANGENTS_T = nb.types.NamedTuple([nb.float64[:, :, ::1], nb.float64[:, :, :, ::1]], StepTangents)
 _SMOOTHED_RUN_T = nb.types.NamedTuple([_R2, _R3], SmoothedRun)
-_TANGENTS_SIG = (VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, nb.float64[::1], _STORED_RUN_T, _STEP_TANGENTS_T, _R2,
-                 nb.boolean)
+# The vector field as the tangent kernels need it: f and its first and second derivatives (addresses of C
+# callbacks, :mod:`pymc_pnode._callbacks`; the second derivatives are not called by the EK0: 0 will do), the
+# parameters and EK1 (else EK0).
+TangentField = namedtuple("TangentField", ["rhs", "jac_y", "jac_p", "hess_yy", "hess_yp", "theta", "ek1"])
+_TANGENT_FIELD_T = nb.types.NamedTuple([FN, FN, FN, FN, FN, nb.float64[::1], nb.boolean], TangentField)
+_TANGENTS_SIG = (_TANGENT_FIELD_T, _STORED_RUN_T, _STEP_TANGENTS_T, _R2)
 
 
 # The vector field and its first and second derivatives at one point (work arrays of :func:`evaluate_field`).
@@ -79,17 +83,17 @@ def field_values(d: int, n_theta: int) -> FieldValues:
 
 
 @nb.njit(**INLINE_JIT)
-def evaluate_field(rhs, jac_y, jac_p, hess_yy, hess_yp, p, t, mu_pred, ek1, out):
+def evaluate_field(field: TangentField, t: float, mu_pred: np.ndarray, out: FieldValues) -> None:
     """``f``, ``∂f/∂y``, ``∂f/∂θ`` (and for the EK1 the second derivatives) at ``ξ = E0 μ⁻``, into ``out``."""
-    xi = out.xi
+    xi, p = out.xi, field.theta
     for k in range(xi.shape[0]):
         xi[k] = mu_pred[k]
-    rhs(xi, t, p, out.fx)
-    jac_y(xi, t, p, out.jac)
-    jac_p(xi, t, p, out.jp)
-    if ek1:  # (the EK0 does not call the second derivatives)
-        hess_yy(xi, t, p, out.hyy)
-        hess_yp(xi, t, p, out.hyp)
+    call(field.rhs, xi, t, p, out.fx)
+    call(field.jac_y, xi, t, p, out.jac)
+    call(field.jac_p, xi, t, p, out.jp)
+    if field.ek1:  # (the EK0 does not call the second derivatives)
+        call(field.hess_yy, xi, t, p, out.hyy)
+        call(field.hess_yp, xi, t, p, out.hyp)
 
 
 @nb.njit(**INLINE_JIT)
@@ -230,13 +234,13 @@ def update_tangent(update: LinearisedUpdate, dh: np.ndarray, dz: np.ndarray, wor
 
 
 @compile_on_first_use(_TANGENTS_SIG, **INLINE_JIT)
-def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1):
+def filter_tangents(vector_field, run, steps, rq):
     """Tangents of the filter means and covariances at the steps ``run.out_index`` of a stored run.
 
-    Parameters: the vector field and its first and second derivatives; the parameters ``p``; the
-    :class:`StoredRun`; the :class:`StepTangents` (``steps.dmu[0]`` the tangent of the initial mean; filled
-    at every step if it has room); the root ``rq`` of ``Q̄`` (``(q + 1, q + 1)``: it sets the IWP order ``q``,
-    and ``D = (q + 1) d`` the number of states); EK1 or EK0.
+    Parameters: the :class:`TangentField` (the vector field, its first and second derivatives, the parameters
+    and EK1 or EK0); the :class:`StoredRun`; the :class:`StepTangents` (``steps.dmu[0]`` the tangent of the
+    initial mean; filled at every step if it has room); the root ``rq`` of ``Q̄`` (``(q + 1, q + 1)``: it sets
+    the IWP order ``q``, and ``D = (q + 1) d`` the number of states).
 
     Returns ``(dmean, dvar, dstat, rounding)``: the tangents of ``E0 μ`` (``(K, d, P)``) and of the variances
     ``diag(E0 Σ E0ᵀ)`` (``(K, d, P)``) at the output steps, the tangent (``(P,)``) of the calibration
@@ -244,6 +248,7 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
     covariance tangents (:func:`~.update.congruence_rounding`; :mod:`pymc_pnode.accuracy` checks it).
     """
     ts, mus, rs, kappas, out_index = run
+    p, ek1 = vector_field.theta, vector_field.ek1
     q = rq.shape[0] - 1
     dd = mus.shape[1]
     d = dd // (q + 1)
@@ -272,7 +277,7 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
         congruence(step, q, d, sig, transition_work, sig_pred)
         add_noise(step, rq, q, d, kappas[n + 1], sig_pred)
         apply_transition(step, q, d, mus[n], mu_pred)
-        evaluate_field(rhs, jac_y, jac_p, hess_yy, hess_yp, p, t_new, mu_pred, ek1, field)
+        evaluate_field(vector_field, t_new, mu_pred, field)
         for k in range(d):
             z[k] = mu_pred[d + k] - fx[k]
             for c in range(dd):
@@ -313,12 +318,11 @@ def filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1)
 _R4 = nb.types.Array(nb.float64, 4, "C", readonly=True)
 _STORED_BLOCK_RUN_T = nb.types.NamedTuple([_R1, _R2, _R4, _R1, _RI1], StoredRun)
 _BLOCK_STEP_TANGENTS_T = nb.types.NamedTuple([nb.float64[:, :, ::1], nb.float64[:, :, :, :, ::1]], StepTangents)
-_BLOCK_TANGENTS_SIG = (VEC_FN, MAT_FN, MAT_FN, TEN_FN, TEN_FN, nb.float64[::1], _STORED_BLOCK_RUN_T,
-                       _BLOCK_STEP_TANGENTS_T, _R2, nb.boolean)
+_BLOCK_TANGENTS_SIG = (_TANGENT_FIELD_T, _STORED_BLOCK_RUN_T, _BLOCK_STEP_TANGENTS_T, _R2)
 
 
 @compile_on_first_use(_BLOCK_TANGENTS_SIG, **INLINE_JIT)
-def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq, ek1):
+def block_filter_tangents(vector_field, run, steps, rq):
     """:func:`filter_tangents` for the block-diagonal and isotropic structures (:mod:`.structure`).
 
     ``run.r`` holds one ``(q + 1, q + 1)`` root per state (``(N + 1, d, q + 1, q + 1)``) or one shared root
@@ -328,6 +332,7 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
     coupled through ``f``. (The full Hessian is evaluated: ``d³`` numbers per step.) Same returns.
     """
     ts, mus, rs, kappas, out_index = run
+    p, ek1 = vector_field.theta, vector_field.ek1
     q = rq.shape[0] - 1
     q1 = q + 1
     dd = mus.shape[1]
@@ -368,7 +373,7 @@ def block_filter_tangents(rhs, jac_y, jac_p, hess_yy, hess_yp, p, run, steps, rq
             apply_transition(step, q, d, dmu_col, pred_col)
             for k in range(dd):
                 dmu_pred[k, j] = pred_col[k]
-        evaluate_field(rhs, jac_y, jac_p, hess_yy, hess_yp, p, t_new, mu_pred, ek1, field)
+        evaluate_field(vector_field, t_new, mu_pred, field)
         kappa = kappas[n + 1]
         for i in range(d):
             b = i if n_blocks > 1 else 0

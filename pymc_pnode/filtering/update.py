@@ -15,11 +15,14 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
+from pymc_pnode._callbacks import FN, call
 from pymc_pnode._jit import INLINE_JIT
 from pymc_pnode.filtering.linalg import cholesky_inplace, solve_lower, tria_cols_inplace
 
-# The vector field as the forward pass needs it: f, ∂f/∂y, the parameters and EK1 (else EK0).
+# The vector field as the forward pass needs it: f, ∂f/∂y (addresses of C callbacks, :mod:`pymc_pnode._callbacks`),
+# the parameters and EK1 (else EK0).
 VectorField = namedtuple("VectorField", ["rhs", "jac_y", "theta", "ek1"])
+VECTOR_FIELD_T = nb.types.NamedTuple([FN, FN, nb.float64[::1], nb.boolean], VectorField)
 # The derivatives only the adjoints need: ∂f/∂θ and the second derivatives contracted with a weight matrix
 # (:attr:`pymc_pnode.ODE.hess_contract`).
 FieldDerivatives = namedtuple("FieldDerivatives", ["jac_p", "hess_contract"])
@@ -70,9 +73,9 @@ def linearise(
     rhs, jac_y, theta, ek1 = field
     for c in range(d):
         xi[c] = mu_pred[c]
-    rhs(xi, t, theta, fx)
+    call(rhs, xi, t, theta, fx)
     if ek1:
-        jac_y(xi, t, theta, jac)
+        call(jac_y, xi, t, theta, jac)
     if lin.shape[1] == d:
         for r in range(d):  # grown rows are uninitialised: write the zeros of EK0 too
             for c in range(d):
@@ -117,7 +120,7 @@ def linearise_adjoint(
     lbar, xbar, jp, hy, hp, jtrue = work
     for c in range(d):
         mbar_pred[d + c] += zbar[c]
-    derivs.jac_p(xi, t, theta, jp)
+    call(derivs.jac_p, xi, t, theta, jp)
     for j in range(k):
         s = 0.0
         for c in range(d):
@@ -127,8 +130,8 @@ def linearise_adjoint(
         lbar[:, :] = 0.0
         for r in range(d):
             lbar[r, r] = -hbar[r, r] + rbar[r] * xi[r] + jbar[r, r]
-        derivs.hess_contract(xi, t, theta, lbar, hy, hp)
-        jac_y(xi, t, theta, jtrue)
+        call(derivs.hess_contract, xi, t, theta, lbar, hy, hp)
+        call(jac_y, xi, t, theta, jtrue)
         for e in range(d):
             s = hy[e] + lin[e, 0] * rbar[e]
             for c in range(d):
@@ -140,7 +143,7 @@ def linearise_adjoint(
         for r in range(d):
             for c in range(d):
                 lbar[r, c] = -hbar[r, c] + rbar[r] * xi[c] + jbar[r, c]
-        derivs.hess_contract(xi, t, theta, lbar, hy, hp)
+        call(derivs.hess_contract, xi, t, theta, lbar, hy, hp)
         for e in range(d):
             s = hy[e]
             for r in range(d):
@@ -149,7 +152,7 @@ def linearise_adjoint(
         for j in range(k):
             grad_theta[j] += hp[j]
     else:
-        jac_y(xi, t, theta, jtrue)
+        call(jac_y, xi, t, theta, jtrue)
         for e in range(d):
             s = 0.0
             for c in range(d):

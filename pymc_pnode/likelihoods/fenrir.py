@@ -20,9 +20,9 @@ from pytensor.graph.rewriting.basic import node_rewriter
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.rewriting.basic import register_specialize
 
-from pymc_pnode._jit import register_object_mode
+from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import RESCALE, AccuracyWarning, SolverDiagnostics, needs_rounding_check, reproducible
-from pymc_pnode.filtering.fenrir import FenrirArguments, fenrir_kernel
+from pymc_pnode.filtering.fenrir import FenrirArguments, FenrirFunctions, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import Stepping
 from pymc_pnode.filtering.structure import DENSE, STRUCTURES, initial_root
@@ -164,11 +164,13 @@ class FenrirProblem:
         """The zero initial root of the kernel's filter: its shape is the state-space structure."""
         return initial_root(self.solver.structure, self.solver.order, self.ode.n_states)
 
-    def kernel_arguments(self):
-        """The constant leading arguments of the Fenrir kernel for this problem."""
-        ode = self.ode
-        order = self.solver.order
-        return (ode.rhs, ode.jac_y, ode.jac_p, ode.hess_contract, ode.taylor_coefficients(order), ode.taylor_vjp(order))
+    @property
+    def functions(self) -> FenrirFunctions:
+        """The ODE's generated functions the Fenrir kernel calls, for this problem's IWP order (not cached: the
+        addresses belong to this process, and a problem may be pickled to another)."""
+        ode, order = self.ode, self.solver.order
+        return FenrirFunctions(ode.rhs.address, ode.jac_y.address, ode.jac_p.address, ode.hess_contract.address,
+                               ode.taylor_coefficients(order).address, ode.taylor_vjp(order).address)
 
     def evaluate(self, y0, theta, data, sigma, kappa, cotangent=None, diagnostics=None, warn=True):
         """Per-observation terms and, given ``cotangent``, the gradient of ``cotangent · terms``.
@@ -193,7 +195,7 @@ class FenrirProblem:
         """Whether the reverse sweep's gradient survives other rounding errors: the sweep again with a rescaled
         cotangent (:func:`~pymc_pnode.accuracy.reproducible`)."""
         again = arguments._replace(cotangent=arguments.cotangent * RESCALE)
-        _, grad2, ok, _, _ = self.kernel(*self.kernel_arguments(), again, self.initial_root)
+        _, grad2, ok, _, _ = self.kernel(self.functions, again, self.initial_root)
         return bool(ok) and reproducible([grad], [grad2])
 
     def _evaluate(self, y0, theta, data, sigma, kappa, cotangent, diagnostics, warn):
@@ -223,7 +225,7 @@ class FenrirProblem:
                 y0, theta, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa, self.diffusion_mode, self.stepping,
                 self.grid, self.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
             )
-            terms, grad, ok, info, grid = self.kernel(*self.kernel_arguments(), arguments, self.initial_root)
+            terms, grad, ok, info, grid = self.kernel(self.functions, arguments, self.initial_root)
             max_err, n_steps, n_rejected = info[0], int(info[2]), int(info[3])
             if ok and want_grad and needs_rounding_check(info[5]):
                 ok = self._gradient_reproducible(arguments, grad)
@@ -313,8 +315,9 @@ class FenrirVJPOp(Op):
 
 # Under nutpie / mode="NUMBA" the kernel runs through FenrirProblem.evaluate in object mode: the accuracy
 # counts and warnings keep working, and no compiled graph gets its own copy of the kernel.
-register_object_mode(FenrirOp, nb.float64[::1], lambda op: lambda *inputs: op.problem.evaluate(*inputs)[0])
-register_object_mode(FenrirVJPOp, nb.types.UniTuple(nb.float64[::1], 2), lambda op: op.problem.evaluate)
+register_numba(FenrirOp, lambda op: lambda *inputs: op.problem.evaluate(*inputs)[0],
+               object_mode_outputs=nb.float64[::1])
+register_numba(FenrirVJPOp, lambda op: op.problem.evaluate, object_mode_outputs=nb.types.UniTuple(nb.float64[::1], 2))
 
 
 @register_specialize

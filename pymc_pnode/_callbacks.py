@@ -1,0 +1,114 @@
+"""How compiled kernels call an ODE's generated functions: C callbacks addressed by integers.
+
+Every generated function of an :class:`~pymc_pnode.ODE` (the vector field, its Jacobians, second
+derivatives, Taylor coefficients) is a numba function ``f(y, t, p, *arrays)`` writing into its last
+arrays. Kernels do not receive it as a numba first-class function: numba unboxes such an argument on
+every call from Python through two Python look-ups, ≈ 2.8 µs per function and call, where an ``int64``
+costs nanoseconds (``benchmarks/function_passing.py``). Each function is instead wrapped once in a C-ABI
+``cfunc`` taking raw pointers (``void(double* y, double t, double* p, double* a1, ...)``), generated into
+a small module cached on disk next to the ODE's own code; kernels take the wrapper's address as an
+``int64`` (:data:`FN` in their signatures) and call it with :func:`call`. One compiled kernel then
+serves every ODE, and inside it a call costs what a first-class function call does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numba as nb
+from llvmlite import ir
+from numba import types
+
+from pymc_pnode import _codegen
+from pymc_pnode._jit import COMPILE_LOCK
+
+__all__ = ["FN", "CompiledFunction", "call"]
+
+# The type of a generated function's address in kernel signatures.
+FN = nb.int64
+
+_VERSION = "1"
+
+
+@nb.extending.intrinsic
+def call(typingctx, address, y, t, *arrays):
+    """Call the C callback at ``address`` as ``f(y, t, *arrays)``: ``y`` and ``arrays`` C-contiguous float64
+    arrays of any rank (passed as pointers to their first element), ``t`` a float."""
+    for arr in (y, *arrays):
+        if not (isinstance(arr, types.Array) and arr.dtype == types.float64 and arr.layout == "C"):
+            return None
+    sig = types.void(address, y, t, types.StarArgTuple.from_types(arrays))
+
+    def codegen(context, builder, signature, args):
+        address_v, y_v, t_v, packed = args
+        dptr = ir.DoubleType().as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [dptr, ir.DoubleType()] + [dptr] * len(arrays))
+        fn = builder.inttoptr(address_v, fnty.as_pointer())
+
+        def pointer(ty, value):
+            return builder.bitcast(context.make_array(ty)(context, builder, value).data, dptr)
+
+        pointers = [pointer(ty, builder.extract_value(packed, i)) for i, ty in enumerate(arrays)]
+        builder.call(fn, [pointer(y, y_v), context.cast(builder, t_v, signature.args[2], types.float64), *pointers])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_TEMPLATE = '''
+from numba import types as _t
+import {module} as _generated
+
+_P = _t.CPointer(_t.float64)
+
+
+@nb.cfunc(_t.void(_P, _t.float64, {pointers}), cache=True, error_model="numpy")
+def callback(y, t, {names}):
+    _generated.{function}(nb.carray(y, {y_shape}), t, {carrays})
+'''
+
+
+class CompiledFunction:
+    """A generated function of an ODE: callable from Python, and by kernels through :attr:`address`.
+
+    Parameters
+    ----------
+    dispatcher : numba dispatcher
+        The generated ``@njit`` function ``f(y, t, p, *arrays)`` (compiled for C-contiguous float64 arrays).
+    shapes : sequence of tuple of int
+        The shapes of ``y``, ``p`` and every further array argument, in order: the C wrapper sees raw
+        pointers and needs them to index.
+    """
+
+    def __init__(self, dispatcher, shapes: Sequence[tuple[int, ...]]):
+        self.dispatcher = dispatcher
+        self.shapes = tuple(tuple(int(n) for n in shape) for shape in shapes)
+        self._wrapper = None
+
+    @property
+    def address(self) -> int:
+        """The address of the C wrapper ``void(double* y, double t, double* p, double* ...)`` (generated and
+        compiled on first use, cached on disk; kept alive with this object)."""
+        if self._wrapper is None:
+            with COMPILE_LOCK:
+                if self._wrapper is None:
+                    self._wrapper = self._load_wrapper()
+        return self._wrapper.callback.address
+
+    def _load_wrapper(self):
+        module = self.dispatcher.py_func.__module__
+        function = self.dispatcher.py_func.__name__
+        y_shape, *array_shapes = self.shapes
+        names = [f"a{i}" for i in range(len(array_shapes))]
+        source = _TEMPLATE.format(
+            module=module, function=function, y_shape=y_shape,
+            pointers=", ".join(["_P"] * len(names)), names=", ".join(names),
+            carrays=", ".join(f"nb.carray({name}, {shape})" for name, shape in zip(names, array_shapes)))
+        key = _codegen.source_key("callback", _VERSION, module, function, repr(self.shapes))
+        return _codegen.load_module(key, source)
+
+    def __call__(self, *args):
+        return self.dispatcher(*args)
+
+    def __repr__(self) -> str:
+        return f"CompiledFunction({self.dispatcher.py_func.__name__}, shapes={self.shapes})"
