@@ -52,7 +52,7 @@ def median_time(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-@nb.njit((FN, FN, nb.float64[::1], nb.float64[::1], nb.int64), cache=True)
+@nb.njit((FN, FN, nb.float64[::1], nb.float64[::1], nb.int64))
 def _call_loop(rhs, jac, y, p, n):
     out = np.empty(y.shape[0])
     jout = np.empty((y.shape[0], y.shape[0]))
