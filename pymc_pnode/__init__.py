@@ -13,9 +13,12 @@ from __future__ import annotations
 import importlib
 
 from pymc_pnode import _numba_cache  # noqa: F401  (first: numba's cache keyed on all our sources)
+from pymc_pnode._memory import tune_allocator
 from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
 from pymc_pnode.solve import EK0, EK1, ProbabilisticSolution, solve
+
+tune_allocator()  # freed run arrays stay in the heap for the next evaluation (see pymc_pnode._memory)
 
 __version__ = "0.1.0"
 
