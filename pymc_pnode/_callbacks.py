@@ -3,12 +3,13 @@
 Every generated function of an :class:`~pymc_pnode.ODE` (the vector field, its Jacobians, second
 derivatives, Taylor coefficients) is a numba function ``f(y, t, p, *arrays)`` writing into its last
 arrays. Kernels do not receive it as a numba first-class function: numba unboxes such an argument on
-every call from Python through two Python look-ups, ≈ 2.8 µs per function and call, where an ``int64``
+every call from Python through two Python look-ups, 2–3 µs per function and call, where an ``int64``
 costs nanoseconds (``benchmarks/function_passing.py``). Each function is instead wrapped once in a C-ABI
 ``cfunc`` taking raw pointers (``void(double* y, double t, double* p, double* a1, ...)``), generated into
 a small module cached on disk next to the ODE's own code; kernels take the wrapper's address as an
 ``int64`` (:data:`FN` in their signatures) and call it with :func:`call`. One compiled kernel then
-serves every ODE, and inside it a call costs what a first-class function call does.
+serves every ODE, and inside it a call costs a little less than a first-class function call (2.9 against 3.8 ns
+for the Lotka–Volterra field in that benchmark).
 """
 
 from __future__ import annotations
