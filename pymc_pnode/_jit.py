@@ -25,6 +25,10 @@ JIT = dict(cache=True, error_model="numpy", nogil=True)
 # numba compiles each force-inlined function on its own as well, to machine code that is never called; the
 # large phases that a kernel calls once (the forward pass) are therefore inlined at numba's IR level
 # (``inline="always"``), which skips that compile (the Fenrir kernel: 109 → 71 s, same run time).
+# Every kernel with these options compiles with the SLP vectoriser (:func:`slp_vectorization`): numba
+# optimises a helper once, inside the first kernel that needs it, caches that bitcode and inlines it into
+# every later kernel, so helpers shared by kernels compiled with different LLVM settings made a kernel's speed
+# depend on which kernel a process compiled first (docs/benchmarks.md, "Which kernel compiles a helper first").
 INLINE_JIT = dict(JIT, fastmath={"contract"}, forceinline=True)
 
 # Held by every compile-on-first-use path (generated vector-field modules, the Fenrir kernels, deferred
@@ -39,7 +43,8 @@ class CompiledOnFirstUse:
 
     ``@nb.njit(signature)`` compiles at import; a large kernel then costs every ``import pymc_pnode`` on a
     fresh machine its compile time (``run_filter``: ≈ 17 s) whether it is used or not. Call it like the
-    function, from Python or from other compiled code; ``.dispatcher`` is the numba dispatcher.
+    function, from Python or from other compiled code; ``.dispatcher`` is the numba dispatcher. Kernels
+    with :data:`INLINE_JIT` options compile with the SLP vectoriser, as the Fenrir kernels do.
     """
 
     def __init__(self, func, signature, options):
@@ -55,7 +60,9 @@ class CompiledOnFirstUse:
         if self._dispatcher is None:
             with COMPILE_LOCK:
                 if self._dispatcher is None:
-                    self._dispatcher = nb.njit(self._signature, **self._options)(self.py_func)
+                    inlines_filter_helpers = self._options.get("forceinline", False)
+                    with slp_vectorization() if inlines_filter_helpers else contextlib.nullcontext():
+                        self._dispatcher = nb.njit(self._signature, **self._options)(self.py_func)
         return self._dispatcher
 
     @property
@@ -89,9 +96,10 @@ def slp_vectorization() -> Iterator[None]:
 
     numba switches it off by default (numba PR 8852, after miscompilations reported with older LLVM
     versions). With the helpers inlined and their sizes fixed, it turns the unrolled 8-wide loops of
-    the Fenrir kernel into AVX instructions: logp + gradient ≈ 1.2× faster. Only the kernels compiled
-    here are affected (the setting is read when a module is optimised, and restored afterwards); the
-    tests compare their results with independent dense computations and central differences.
+    the Fenrir kernel into AVX instructions: logp + gradient ≈ 1.2× faster. Used for every kernel that
+    inlines the filter operations (:data:`INLINE_JIT`). Only what is compiled here is affected (the setting
+    is read when a module is optimised, and restored afterwards); the tests compare the kernels' results with
+    independent dense computations and central differences.
     """
     previous = nb.config.SLP_VECTORIZE
     nb.config.SLP_VECTORIZE = 1

@@ -84,3 +84,25 @@ def test_slp_vectorization_is_scoped_and_restored_after_an_error():
         with slp_vectorization():
             raise RuntimeError("compile failed")
     assert nb.config.SLP_VECTORIZE == before
+
+
+def test_kernels_that_inline_filter_helpers_compile_with_the_slp_vectoriser(monkeypatch):
+    # numba caches a helper's optimised code at its first compile and inlines it into later kernels, so every
+    # INLINE_JIT kernel must compile with the same LLVM settings as the Fenrir kernels.
+    from pymc_pnode import _jit
+
+    seen, njit = [], nb.njit
+
+    def recording_njit(*args, **kwargs):
+        seen.append(nb.config.SLP_VECTORIZE)
+        return njit(*args, **kwargs)
+
+    def add_one(x):
+        return x + 1.0
+
+    monkeypatch.setattr(nb, "njit", recording_njit)
+    before = nb.config.SLP_VECTORIZE
+    inline_kernel = _jit.compile_on_first_use((nb.float64,), **dict(_jit.INLINE_JIT, cache=False))(add_one)
+    plain_kernel = _jit.compile_on_first_use((nb.float64,), **dict(_jit.JIT, cache=False))(add_one)
+    assert inline_kernel(1.0) == 2.0 and plain_kernel(1.0) == 2.0
+    assert seen == [1, before] and nb.config.SLP_VECTORIZE == before

@@ -15,12 +15,12 @@ import numba as nb
 import numpy as np
 
 from pymc_pnode._jit import INLINE_JIT
-from pymc_pnode.filtering.linalg import solve_lower, tria_cols_inplace
 from pymc_pnode.filtering.update import (
     Cotangent,
     GaussianObservation,
     UpdateAdjointOut,
     UpdateAdjointWork,
+    condition_stack,
     update_adjoint,
 )
 
@@ -116,19 +116,7 @@ def data_update_sqrt(
         col = mm[mo + c]
         for row in range(dd):
             col[row] = root[row, c]
-    tria_cols_inplace(mm, dd + mo, mo + dd, mm[mm.shape[0] - 1])
-    solve_lower(mm, mo, resid, wv)
-    quad = 0.0
-    for r in range(mo):
-        quad += wv[r] * wv[r]
-    for c in range(dd):
-        s = 0.0
-        for r in range(mo):
-            s += mm[mo + c, r] * wv[r]
-        mean[c] -= s
-    for row in range(dd):
-        for c in range(dd):
-            root[row, c] = mm[mo + c, mo + row]
+    quad = condition_stack(mm, dd + mo, mo, resid, wv, mean, mean, root)
     return -0.5 * quad - _half_logdet_upper(mm, mo) - 0.5 * mo * _LOG_2PI
 
 

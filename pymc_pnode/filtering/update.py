@@ -163,15 +163,47 @@ def linearise_adjoint(
 
 
 @nb.njit(**INLINE_JIT)
+def condition_stack(
+    stack: np.ndarray, rows: int, m: int, residual: np.ndarray, w: np.ndarray, mean_pred: np.ndarray,
+    mean_out: np.ndarray, root_out: np.ndarray,
+) -> float:
+    """The end of every square-root update (the ODE's and the data's): one QR of the stacked roots.
+
+    ``stack`` holds, transposed (its row ``k`` is column ``k``), the ``rows × (m + D)`` stack
+    ``[[R⁻ Hᵀ, R⁻], [N, 0]]`` of the predicted root ``R⁻`` and, below it, the noise's root ``N`` (none in
+    the ODE update, where ``rows = D``), and one more row of work space after ``m + D`` columns. The QR
+    gives ``S^{1/2}`` (R11), ``R12 = S^{-1/2} H Σ⁻`` and the posterior root (R22): ``mean_out = mean_pred −
+    R12ᵀ R11⁻ᵀ residual`` (``mean_out`` may be ``mean_pred``) and ``root_out = R22``, zero below its rows.
+    Returns ``residualᵀ S⁻¹ residual``; ``stack[:m, :m]`` keeps ``R11ᵀ`` and ``w`` (length ``≥ m``) keeps
+    ``R11⁻ᵀ residual``.
+    """
+    dd = root_out.shape[0]
+    tria_cols_inplace(stack, rows, m + dd, stack[m + dd])
+    solve_lower(stack, m, residual, w)
+    quad = 0.0
+    for k in range(m):
+        quad += w[k] * w[k]
+    for col in range(dd):
+        s = 0.0
+        for k in range(m):
+            s += stack[m + col, k] * w[k]
+        mean_out[col] = mean_pred[col] - s
+    for row in range(dd):
+        for col in range(dd):
+            root_out[row, col] = stack[m + col, m + row] if m + row < rows else 0.0
+    return quad
+
+
+@nb.njit(**INLINE_JIT)
 def update_sqrt(
     r_pred: np.ndarray, mu_pred: np.ndarray, lin: np.ndarray, zhat: np.ndarray, q: int, d: int, m: np.ndarray,
     w: np.ndarray, mu_out: np.ndarray, r_out: np.ndarray,
 ) -> float:
     """Condition on the zero defect ``E1 x - f(E0 x) = 0`` linearised with ``H = E1 - L E0``.
 
-    One QR of ``[R⁻ H^T | R⁻]`` yields ``S^{1/2}`` (R11), the gain ``K = R12^T R11^{-T}`` and the
-    posterior square root (R22). ``m`` is ``(d + D + 1, D)`` work space (the stack, transposed, and
-    the QR's work vector), ``w`` of length ``≥ d``.
+    One QR of ``[R⁻ H^T | R⁻]`` (:func:`condition_stack`) yields ``S^{1/2}`` (R11), the gain
+    ``K = R12^T R11^{-T}`` and the posterior square root (R22). ``m`` is ``(d + D + 1, D)`` work space (the
+    stack, transposed, and the QR's work vector), ``w`` of length ``≥ d``.
     Returns ``ẑ^T S^{-1} ẑ`` (the calibration statistic).
     """
     dd = (q + 1) * d
@@ -185,20 +217,7 @@ def update_sqrt(
     for col in range(dd):
         for row in range(dd):
             m[d + col, row] = r_pred[row, col]
-    tria_cols_inplace(m, dd, d + dd, m[d + dd])
-    solve_lower(m, d, zhat, w)
-    stat = 0.0
-    for k in range(d):
-        stat += w[k] * w[k]
-    for col in range(dd):
-        s = 0.0
-        for k in range(d):
-            s += m[d + col, k] * w[k]
-        mu_out[col] = mu_pred[col] - s
-    for row in range(dd):
-        for col in range(dd):
-            r_out[row, col] = m[d + col, d + row] if row < dd - d else 0.0
-    return stat
+    return condition_stack(m, dd, d, zhat, w, mu_pred, mu_out, r_out)
 
 
 @nb.njit(**INLINE_JIT)
