@@ -172,8 +172,9 @@ def condition_stack(
     ``stack`` holds, transposed (its row ``k`` is column ``k``), the ``rows × (m + D)`` stack
     ``[[R⁻ Hᵀ, R⁻], [N, 0]]`` of the predicted root ``R⁻`` and, below it, the noise's root ``N`` (none in
     the ODE update, where ``rows = D``), and one more row of work space after ``m + D`` columns. The QR
-    gives ``S^{1/2}`` (R11), ``R12 = S^{-1/2} H Σ⁻`` and the posterior root (R22): ``mean_out = mean_pred −
-    R12ᵀ R11⁻ᵀ residual`` (``mean_out`` may be ``mean_pred``) and ``root_out = R22``, zero below its rows.
+    gives ``R11`` (``R11ᵀ R11 = S``), ``R12 = R11⁻ᵀ H Σ⁻`` and the posterior root ``R22``: ``mean_out =
+    mean_pred − R12ᵀ R11⁻ᵀ residual`` (``K residual``; ``mean_out`` may be ``mean_pred``) and ``root_out =
+    R22``, zero below its rows.
     Returns ``residualᵀ S⁻¹ residual``; ``stack[:m, :m]`` keeps ``R11ᵀ`` and ``w`` (length ``≥ m``) keeps
     ``R11⁻ᵀ residual``.
     """
