@@ -125,8 +125,8 @@ class PNSolutionProblem:
         steps.dmu[0] = seeds
         tangents = filter_tangents if run.r.ndim == 3 else block_filter_tangents
         ek1 = self.solver.ek1
-        field = TangentField(ode.rhs.address, ode.jac_y.address, ode.jac_p.address,
-                             ode.hess_yy.address if ek1 else 0, ode.hess_yp.address if ek1 else 0, theta, ek1)
+        field = TangentField(*ode.field_addresses, ode.hess_yy.address if ek1 else 0,
+                             ode.hess_yp.address if ek1 else 0, theta, ek1)
         dmean, dvar, dstat, rounding = tangents(field, run, steps, readonly(self.solver.prior.Q_bar_sqrt))
         cov, dcov = np.zeros((n_out, d, 0, d)), np.zeros((n_out, d, 0, d, n_dir))
         if self.smooth:

@@ -169,7 +169,7 @@ class FenrirProblem:
         """The ODE's generated functions the Fenrir kernel calls, for this problem's IWP order (not cached: the
         addresses belong to this process, and a problem may be pickled to another)."""
         ode, order = self.ode, self.solver.order
-        return FenrirFunctions(ode.rhs.address, ode.jac_y.address, ode.jac_p.address, ode.hess_contract.address,
+        return FenrirFunctions(*ode.field_addresses, ode.hess_contract.address,
                                ode.taylor_coefficients(order).address, ode.taylor_vjp(order).address)
 
     def evaluate(self, y0, theta, data, sigma, kappa, cotangent=None, diagnostics=None, warn=True):
