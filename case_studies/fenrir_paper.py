@@ -11,8 +11,8 @@ published figures -- the notebook lists every such difference):
 * ``model_selection`` (§5.2): the four Lotka--Volterra candidate models ``M11, M10, M01, M00``
   fitted by Fenrir to the same data set; the correct model should have the lowest NLL.
 * ``seir`` (§5.3): a partially observed SEIR model (only I and R observed, from day 30).
-* ``pendulum`` (§5.4, Figs. 6 and 8): the pendulum length recovered from 81 starting values
-  ``L0 = 10^(-2 ... 2)`` (the authors: 161) with the initial value known; Fenrir (noise and
+* ``pendulum`` (§5.4, Figs. 6 and 8): the pendulum length recovered from the authors' 161 starting values
+  ``L0 = 10^(-2 : 0.025 : 2)`` with the initial value known; Fenrir (noise and
   diffusion first, then jointly) against RK least squares; ``pendulum_k30``: Fenrir again with the
   starting diffusion ``κ² = 1e30`` of the authors' Fig. 6 script.
 * ``<study>_ip``: the Fenrir fits of a study again, same data and starts, with the interior-point
@@ -177,8 +177,9 @@ MODEL_SELECTION = Study(
     order=5, step=1e-2, theta_bounds=((0.0, 100.0),) * 4, y0_bounds=((0.0, 100.0),) * 2,
     log_sigma2_bounds=(_LOG(1e-8), _LOG(1e3)), log_kappa2_bounds=(_LOG(1e-20), _LOG(1e50)),
     maxiter=200)
-# 81 starting lengths (the authors: 161, step 0.025); rounded so that the last is 100, not 100 + 8e-13 (outside the box)
-PENDULUM_STARTS = np.round(10.0 ** np.arange(-2.0, 2.0001, 0.05), 10)
+# the authors' 161 starting lengths 10^(-2 : 0.025 : 2); rounded so that the last is 100, not 100 + 8e-13
+# (outside the box)
+PENDULUM_STARTS = np.round(10.0 ** (np.arange(161) * 0.025 - 2.0), 10)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,9 +344,11 @@ def _interior_point(fun, x0, bounds, maxiter):
 OPTIMIZERS = {"Fenrir": _lbfgsb, "Fenrir-IP": _interior_point}
 
 
-def fit_fenrir(obj: FenrirObjective, data, y0_start, theta_start, optimize=_lbfgsb) -> dict:
+def fit_fenrir(obj: FenrirObjective, data, y0_start, theta_start, optimize=_lbfgsb, trace: list | None = None) -> dict:
     """Fenrir's estimate from one start: σ² = 1, κ² from :func:`initial_diffusion`; when the study
-    says so, ``(σ², κ²)`` are optimised alone first (200 iterations), then everything jointly."""
+    says so, ``(σ², κ²)`` are optimised alone first (200 iterations), then everything jointly. With ``trace``,
+    every evaluation's phase (1: noise first, 2: joint), full argument and objective value are appended to it
+    (the paper's Fig. 7)."""
     study = obj.study
     obj.set_data(data)
     n0, t0, refused0 = obj.n_evals, time.perf_counter(), obj.diagnostics.n_unreliable_gradient
@@ -355,11 +358,17 @@ def fit_fenrir(obj: FenrirObjective, data, y0_start, theta_start, optimize=_lbfg
     head = np.concatenate([np.asarray(y0_start, float)[: obj.n_y0], theta_start])
     bounds = list(study.y0_bounds or ()) + list(study.theta_bounds)
     noise_bounds = [study.log_sigma2_bounds, study.log_kappa2_bounds]
+    def evaluate(x, phase=2):
+        value_grad = obj(x)
+        if trace is not None:
+            trace.append((phase, np.array(x, dtype=float), value_grad[0]))
+        return value_grad
+
     nit = 0
     if study.noise_first:
-        noise, _, nit = optimize(lambda z: _restrict(obj(np.concatenate([head, z])), head.size), noise,
+        noise, _, nit = optimize(lambda z: _restrict(evaluate(np.concatenate([head, z]), 1), head.size), noise,
                                  noise_bounds, 200)
-    x, nll, nit2 = optimize(obj, np.concatenate([head, noise]), bounds + noise_bounds, study.maxiter)
+    x, nll, nit2 = optimize(evaluate, np.concatenate([head, noise]), bounds + noise_bounds, study.maxiter)
     y0 = obj.y0_of(x[: obj.n_y0])
     theta = x[obj.n_y0: -2]
     return dict(y0=list(y0), theta=list(theta), sigma2=float(np.exp(x[-2])), kappa2=float(np.exp(x[-1])),

@@ -44,6 +44,7 @@ _LAZY = {
     "profile_intervals": "pymc_pnode.classical",
     "DiscretizationErrorNormal": "pymc_pnode.likelihoods.discretization",
     "chkrebtii_sample": "pymc_pnode.chkrebtii",
+    "chkrebtii_covariance": "pymc_pnode.chkrebtii",
     "ChkrebtiiSolution": "pymc_pnode.chkrebtii",
     "ChkrebtiiMetropolis": "pymc_pnode.chkrebtii",
     "DelayODE": "pymc_pnode.chkrebtii",

@@ -51,11 +51,12 @@ def _kernel_blocks(kernel, lam, alpha, a, b):
 
 
 def dense_algorithm1(f, y0, t_span, n_grid, alpha, lam, kernel, noise, times, z, zt, jitter=1e-12,
-                     delay=None):
+                     delay=None, return_cov=False):
     """Algorithm 1 with dense rank-one updates (per component ``i``: own ``alpha[i]``, ``lam[i]``).
 
     ``f(u, t, lag)`` is the vector field; with ``delay`` the lag is the linear interpolation of the
-    step-ahead means ``m^{k-1}(s_k)`` (``y0`` before ``t0``). Returns (final draw, conditional mean).
+    step-ahead means ``m^{k-1}(s_k)`` (``y0`` before ``t0``). Returns (final draw, conditional mean) and,
+    with ``return_cov``, the final covariances at ``times`` with the nugget, ``(d, len(times), len(times))``.
     """
     t0, t1 = t_span
     d = len(y0)
@@ -105,11 +106,12 @@ def dense_algorithm1(f, y0, t_span, n_grid, alpha, lam, kernel, noise, times, z,
                 g[i] = max(g[i], jitter * ct0[i][n + 1, n + 1])
     nt = len(tr)
     draw = m[n_grid:].copy()
+    covs = np.empty((d, nt, nt))
     for i in range(d):
         c0 = _kernel_blocks(kernel, lam[i], alpha[i], s, tr)[2]
-        lt = np.linalg.cholesky(c[i][n_grid:, n_grid:] + jitter * np.max(np.diag(c0)) * np.eye(nt))
-        draw[:, i] += lt @ zt[:, i]
-    return draw, m[n_grid:]
+        covs[i] = c[i][n_grid:, n_grid:] + jitter * np.max(np.diag(c0)) * np.eye(nt)
+        draw[:, i] += np.linalg.cholesky(covs[i]) @ zt[:, i]
+    return (draw, m[n_grid:], covs) if return_cov else (draw, m[n_grid:])
 
 
 def _ode6(y, t, p):
@@ -210,6 +212,23 @@ def test_sampler_matches_layer_given_the_same_innovations(ode6):
                       times=times)
     np.testing.assert_allclose(draws[0], ours, atol=1e-12)
     assert draws.shape == means.shape == (2, 3, 2)
+
+
+@pytest.mark.parametrize("kernel, noise", [("uniform", "zero"), ("uniform", "paper"),
+                                           ("squared_exponential", "paper")])
+def test_final_covariance_equals_dense(ode6, rng, kernel, noise):
+    times = np.array([0.7, 2.5, 3.0])
+    alpha, lam = np.array([4.0, 9.0]), np.array([0.6, 0.9])  # one per component
+    _, _, ref = dense_algorithm1(_ode6_numpy, [-1.0, 0.0], (0.5, 3.0), 12, alpha, lam, kernel, noise, times,
+                                 rng.standard_normal((11, 2)), rng.standard_normal((3, 2)), return_cov=True)
+    cov = pn.chkrebtii_covariance((0.5, 3.0), n_grid=12, alpha=alpha, lam=lam, kernel=kernel, noise=noise,
+                                  times=times)
+    np.testing.assert_allclose(cov, ref, rtol=1e-9, atol=1e-14)
+    shared = pn.chkrebtii_covariance((0.5, 3.0), n_grid=12, alpha=4.0, lam=0.6, kernel=kernel, noise=noise,
+                                     times=times)
+    np.testing.assert_allclose(shared, ref[:1], rtol=1e-9, atol=1e-14)
+    with pytest.raises(ValueError, match="alpha"):
+        pn.chkrebtii_covariance((0.5, 3.0), n_grid=12, alpha=[1.0, -1.0], lam=0.6)
 
 
 # ---------------------------------------------------------------- kernels

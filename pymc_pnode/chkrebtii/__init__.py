@@ -20,7 +20,7 @@ Modules, one concept each:
 from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.layer import ChkrebtiiSolution
 from pymc_pnode.chkrebtii.metropolis import ChkrebtiiMetropolis
-from pymc_pnode.chkrebtii.sampler import chkrebtii_sample
+from pymc_pnode.chkrebtii.sampler import chkrebtii_covariance, chkrebtii_sample
 from pymc_pnode.chkrebtii.tempering import ChkrebtiiReplicaMove
 
 __all__ = [
@@ -28,5 +28,6 @@ __all__ = [
     "ChkrebtiiReplicaMove",
     "ChkrebtiiSolution",
     "DelayODE",
+    "chkrebtii_covariance",
     "chkrebtii_sample",
 ]

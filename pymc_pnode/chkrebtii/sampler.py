@@ -14,7 +14,7 @@ from pymc_pnode.chkrebtii.recursion import Innovations, forward
 from pymc_pnode.chkrebtii.structure import Weights, covariance_structure
 from pymc_pnode.ode import ODE
 
-__all__ = ["chkrebtii_sample"]
+__all__ = ["chkrebtii_covariance", "chkrebtii_sample"]
 
 
 def chkrebtii_sample(
@@ -135,3 +135,43 @@ def chkrebtii_sample(
             stacklevel=2,
         )
     return (draws, means) if return_mean else draws
+
+
+def chkrebtii_covariance(
+    t_span: tuple[float, float],
+    *,
+    n_grid: int,
+    alpha: float | Sequence[float],
+    lam: float | Sequence[float],
+    kernel: str = "uniform",
+    noise: str = "zero",
+    times: Sequence[float] | None = None,
+    jitter: float = 1e-12,
+) -> np.ndarray:
+    r"""The covariance :math:`C^N(t, t')` of Algorithm 1's final state at ``times``, per state component.
+
+    Given the grid, the kernel, ``lam`` and the noise rule, every covariance of Algorithm 1 is independent of the
+    vector field, the parameters and the realisation (Chkrebtii et al., 2016, Algorithm 1): a realisation at
+    ``times`` is :math:`\mathcal{N}(m^N(t), C^N(t, t'))` given its interrogations, with :math:`m^N` the
+    conditional mean of :func:`chkrebtii_sample` (``return_mean=True``) or :func:`ChkrebtiiSolution`
+    (``output="mean"``). This is the variance of the paper's likelihood of a boundary value (eq. 16, the
+    Lane--Emden problem of §5.2). It includes the nugget ``jitter * max C^0(t, t)`` that the final joint draw adds.
+
+    Parameters are those of :func:`chkrebtii_sample` (``alpha``, ``lam`` scalars or one per component).
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(n_components, len(times), len(times))``: one covariance per state component when ``alpha`` or
+        ``lam`` is given per component (``n_components`` their length), otherwise one shared by all components
+        (``n_components = 1``).
+    """
+    disc = discretisation(t_span, n_grid, times, kernel, noise, jitter)
+    alpha = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
+    lam = np.atleast_1d(np.asarray(lam, dtype=np.float64))
+    n_comp = max(alpha.size, lam.size)
+    alpha = positive_parameter(alpha, "alpha", n_comp)
+    lam = positive_parameter(lam, "lam", n_comp)
+    lt = covariance_structure(disc, lam).weights.lt  # Cholesky factors of C^N at alpha = 1, one per length-scale
+    lt = np.broadcast_to(lt, (n_comp,) + lt.shape[1:])
+    return np.einsum("cij,ckj->cik", lt, lt) / np.broadcast_to(alpha, (n_comp,))[:, None, None]
