@@ -167,9 +167,7 @@ def chkrebtii_covariance(
         (``n_components = 1``).
     """
     disc = discretisation(t_span, n_grid, times, kernel, noise, jitter)
-    alpha = np.atleast_1d(np.asarray(alpha, dtype=np.float64))
-    lam = np.atleast_1d(np.asarray(lam, dtype=np.float64))
-    n_comp = max(alpha.size, lam.size)
+    n_comp = max(np.size(alpha), np.size(lam))
     alpha = positive_parameter(alpha, "alpha", n_comp)
     lam = positive_parameter(lam, "lam", n_comp)
     lt = covariance_structure(disc, lam).weights.lt  # Cholesky factors of C^N at alpha = 1, one per length-scale
