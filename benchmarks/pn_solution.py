@@ -14,6 +14,11 @@ At a fixed step 0.05 and with error control (rtol 1e-6, atol 1e-9, the defaults 
 Medians over ``--repeats`` calls, the four functions taking turns.
 
 Run: ``python benchmarks/pn_solution.py [--repeats 50]``; prints a Markdown table.
+
+``--lorenz96 D [D ...]`` instead times the filtering output of the block-diagonal EK1 (``EK1(3, "diagonal")``)
+on Lorenz-96 with ``D`` states (F = 8, y0 = F + sin(i), every state observed at t = 0.1, 0.2, …, 1.0, fixed step
+0.01): value and gradient of the same Gaussian log-likelihood, and the first call (compiles the model's
+generated functions; the library kernels come from the cache).
 """
 
 from __future__ import annotations
@@ -56,10 +61,47 @@ def functions(ode, data, step):
     return out
 
 
+def lorenz96(y, t, p):
+    d = len(y)
+    return [(y[(i + 1) % d] - y[i - 2]) * y[i - 1] - y[i] + p[0] for i in range(d)]
+
+
+def diagonal_ek1_rows(states: list[int], repeats: int) -> None:
+    """The ``--lorenz96`` table: filtering output of the block-diagonal EK1 against the number of states."""
+    times = np.round(np.arange(1, 11) * 0.1, 10)
+    print("| d | first call (s) | logp+grad (ms) | log-likelihood |")
+    print("|---|---|---|---|")
+    for d in states:
+        ode = pn.ODE(lorenz96, n_states=d, n_theta=1)
+        y0_true, theta_true = 8.0 + np.sin(np.arange(d)), np.array([8.0])
+        truth = pn.solve(ode, y0_true, theta_true, (0.0, 1.0), save_at=times, step=0.001).mean
+        data = truth + SIGMA * np.random.default_rng(0).standard_normal(truth.shape)
+        y0, theta = pt.dvector("y0"), pt.dvector("theta")
+        mean, std = pn.probabilistic_solution(ode, y0, theta, times, solver=pn.EK1(3, structure="diagonal"),
+                                              step=0.01)
+        value = pm.logp(pm.Normal.dist(mean, pt.sqrt(SIGMA**2 + std**2)), data).sum()
+        tick = time.perf_counter()
+        f = pytensor.function([y0, theta], [value, *pt.grad(value, [y0, theta])])
+        logp = float(f(y0_true, theta_true)[0])
+        first = time.perf_counter() - tick
+        spent = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            f(y0_true, theta_true)
+            spent.append(time.perf_counter() - t0)
+        print(f"| {d} | {first:.1f} | {1e3 * np.median(spent):.2f} | {logp:.6f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--lorenz96", type=int, nargs="+", help="the block-diagonal EK1 table for these sizes")
     args = parser.parse_args()
+    if args.lorenz96:
+        print(f"Python {platform.python_version()}, numpy {np.__version__}, pymc {pm.__version__}, "
+              f"{platform.machine()}; medians over {args.repeats} calls\n")
+        diagonal_ek1_rows(args.lorenz96, args.repeats)
+        return
     ode = pn.ODE(fitzhugh_nagumo, n_states=2, n_theta=3)
     truth = pn.solve(ode, Y0, THETA, (0.0, 20.0), save_at=TIMES, step=0.005).mean
     data = truth + SIGMA * np.random.default_rng(0).standard_normal(truth.shape)

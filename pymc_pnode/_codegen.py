@@ -88,7 +88,6 @@ class UnsupportedOperation(TypeError):
 
 
 _INFIX = {"Add": "+", "Mul": "*", "Sub": "-", "TrueDiv": "/"}
-_COMPARE = {"GT": ">", "GE": ">=", "LT": "<", "LE": "<=", "EQ": "==", "NEQ": "!="}
 _MATH_UNARY = {
     "Exp": "math.exp", "Expm1": "math.expm1", "Log": "math.log", "Log1p": "math.log1p",
     "Log2": "math.log2", "Log10": "math.log10", "Sqrt": "math.sqrt", "Sin": "math.sin",
@@ -98,6 +97,19 @@ _MATH_UNARY = {
     "Erfc": "math.erfc", "Floor": "math.floor", "Ceil": "math.ceil", "Abs": "abs",
     "Sigmoid": "_sigmoid", "Softplus": "_softplus", "Sign": "_sign", "Log1mexp": "_log1mexp",
     "Gamma": "math.gamma", "GammaLn": "math.lgamma",
+}
+# Source templates of the other scalar operations over their arguments {0}, {1}, {2}.
+_TEMPLATES = {
+    **{name: fn + "({0})" for name, fn in _MATH_UNARY.items()},
+    **{name: f"({{0}} {sym} {{1}})" for name, sym in
+       {"GT": ">", "GE": ">=", "LT": "<", "LE": "<=", "EQ": "==", "NEQ": "!="}.items()},
+    "Neg": "(-{0})", "Sqr": "({0} * {0})", "Reciprocal": "(1.0 / {0})",
+    "Maximum": "max({0}, {1})", "ScalarMaximum": "max({0}, {1})",
+    "Minimum": "min({0}, {1})", "ScalarMinimum": "min({0}, {1})",
+    "Switch": "({1} if {0} else {2})", "Clip": "min(max({0}, {1}), {2})",
+    "Identity": "{0}", "Cast": "{0}", "Second": "{1}",
+    "ArcTan2": "math.atan2({0}, {1})", "IntDiv": "math.floor({0} / {1})", "Mod": "({0} % {1})",
+    "AND": "({0} and {1})", "OR": "({0} or {1})", "Invert": "(not {0})",
 }
 
 
@@ -118,16 +130,6 @@ def _scalar_expr(op, args: list[str], arg_vars: list[Variable]) -> str:
     name = type(op).__name__
     if name in _INFIX:
         return "(" + f" {_INFIX[name]} ".join(args) + ")"
-    if name in _COMPARE:
-        return f"({args[0]} {_COMPARE[name]} {args[1]})"
-    if name in _MATH_UNARY:
-        return f"{_MATH_UNARY[name]}({args[0]})"
-    if name == "Neg":
-        return f"(-{args[0]})"
-    if name == "Sqr":
-        return f"({args[0]} * {args[0]})"
-    if name == "Reciprocal":
-        return f"(1.0 / {args[0]})"
     if name == "Pow":
         exponent = arg_vars[1]
         if isinstance(exponent, Constant):
@@ -136,30 +138,10 @@ def _scalar_expr(op, args: list[str], arg_vars: list[Variable]) -> str:
                 prod = " * ".join([args[0]] * int(abs(k)))
                 return f"({prod})" if k > 0 else f"(1.0 / ({prod}))"
         return f"({args[0]} ** {args[1]})"
-    if name in ("Maximum", "ScalarMaximum"):
-        return f"max({args[0]}, {args[1]})"
-    if name in ("Minimum", "ScalarMinimum"):
-        return f"min({args[0]}, {args[1]})"
-    if name == "Switch":
-        return f"({args[1]} if {args[0]} else {args[2]})"
-    if name == "Clip":
-        return f"min(max({args[0]}, {args[1]}), {args[2]})"
-    if name in ("Identity", "Cast") or name.startswith("Convert"):
-        return args[0]
-    if name == "Second":
-        return args[1]
-    if name == "ArcTan2":
-        return f"math.atan2({args[0]}, {args[1]})"
-    if name == "IntDiv":
-        return f"math.floor({args[0]} / {args[1]})"
-    if name == "Mod":
-        return f"({args[0]} % {args[1]})"
-    if name == "AND":
-        return f"({args[0]} and {args[1]})"
-    if name == "OR":
-        return f"({args[0]} or {args[1]})"
-    if name == "Invert":
-        return f"(not {args[0]})"
+    if name.startswith("Convert"):
+        name = "Cast"
+    if name in _TEMPLATES:
+        return _TEMPLATES[name].format(*args)
     raise UnsupportedOperation(f"scalar operation {op} has no numba translation")
 
 

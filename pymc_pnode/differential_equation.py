@@ -251,20 +251,13 @@ class DifferentialEquation:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         self.ode = ode
+        self.n_states, self.n_theta = ode.n_states, ode.n_theta
         self.name = name
         self.solver = DopriSolver(ode, times, StepControl(None, rtol, atol, max_steps), label=f"{name} (DOPRI5)")
 
     @property
     def times(self) -> np.ndarray:
         return self.solver.times
-
-    @property
-    def n_states(self) -> int:
-        return self.ode.n_states
-
-    @property
-    def n_theta(self) -> int:
-        return self.ode.n_theta
 
     @property
     def diagnostics(self) -> SolverDiagnostics:

@@ -114,6 +114,7 @@ class ODE:
         self._taylor_vjp: dict[int, object] = {}
         self._lie: dict[int, list] = {}
         self._hess = None
+        self._hess_rows = None
         self._contract = None
         self._first_derivatives: tuple[list[list[Variable]], list[list[Variable]]] | None = None
         self._taylor_mode = None
@@ -254,6 +255,18 @@ class ODE:
             ]
         )
 
+    def _hess_rows_source(self) -> str:
+        d = self.n_states
+        jac_y, _ = self._jacobian_graphs()
+        second = [_gradient(jac_y[i][i], [*self._y, *self._p]) for i in range(d)]
+        return "\n\n".join(
+            [
+                self._gen("hess_rows_y", "mat", {"out": [g for row in second for g in row[:d]]}, {"out": (d, d)}),
+                self._gen("hess_rows_p", "mat", {"out": [g for row in second for g in row[d:]]},
+                          {"out": (d, self.n_theta)}),
+            ]
+        )
+
     def _vjp_source(self, fname: str, exprs: Sequence[Variable], shape: tuple[int, ...]) -> str:
         """Source of ``fname(y, t, p, weights, out_y, out_p)``: the gradient of ``Σ weights[i] exprs[i]`` (``exprs``
         flattened from ``shape``, the shape of ``weights``) with respect to ``y`` and ``p``.
@@ -331,6 +344,21 @@ class ODE:
         return self._hessians()[1]
 
     @property
+    def hess_rows_y(self):
+        r"""``hess_rows_y(y, t, p, out)``: :math:`\partial^2 f_i / \partial y_i \partial y_k` into ``(d, d)``.
+
+        The rows of :attr:`hess_yy` that the block-diagonal EK1 needs (its linearisation keeps
+        :math:`L_{ii} = \partial f_i / \partial y_i`): ``d²`` entries instead of ``d³``.
+        """
+        return self._diagonal_hessian_rows()[0]
+
+    @property
+    def hess_rows_p(self):
+        r"""``hess_rows_p(y, t, p, out)``: :math:`\partial^2 f_i / \partial y_i \partial p_k` into
+        ``(d, n_theta)`` (the rows of :attr:`hess_yp` of the block-diagonal EK1)."""
+        return self._diagonal_hessian_rows()[1]
+
+    @property
     def hess_contract(self):
         r"""``hess_contract(y, t, p, w, out_y, out_p)``: second derivatives contracted with weights ``w`` (d, d),
         :math:`\sum_{ij} w_{ij} \partial^2 f_i / \partial y_j \partial y_k` into ``out_y[k]`` and
@@ -352,6 +380,13 @@ class ODE:
             mod = self._module("hess", self._hess_source)
             self._hess = (self._compiled(mod.hess_yy, (d, d, d)), self._compiled(mod.hess_yp, (d, d, k)))
         return self._hess
+
+    def _diagonal_hessian_rows(self):
+        if self._hess_rows is None:
+            d, k = self.n_states, self.n_theta
+            mod = self._module("hessrows", self._hess_rows_source)
+            self._hess_rows = (self._compiled(mod.hess_rows_y, (d, d)), self._compiled(mod.hess_rows_p, (d, k)))
+        return self._hess_rows
 
     def taylor_coefficients(self, order: int):
         r"""Compiled exact Taylor coefficients of the solution up to ``order``.

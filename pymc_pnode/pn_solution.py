@@ -123,10 +123,15 @@ class PNSolutionProblem:
         n_kept, dd = (run.grid.size if self.smooth else 1), run.mu.shape[1]
         steps = StepTangents(np.zeros((n_kept, dd, n_dir)), np.zeros((n_kept, n_dir) + run.r.shape[1:]))
         steps.dmu[0] = seeds
-        tangents = filter_tangents if run.r.ndim == 3 else block_filter_tangents
-        ek1 = self.solver.ek1
-        field = TangentField(*ode.field_addresses, ode.hess_yy.address if ek1 else 0,
-                             ode.hess_yp.address if ek1 else 0, theta, ek1)
+        ek1, dense = self.solver.ek1, run.r.ndim == 3
+        tangents = filter_tangents if dense else block_filter_tangents
+        if not ek1:
+            hess_y = hess_p = 0  # the EK0 calls no second derivatives
+        elif dense:
+            hess_y, hess_p = ode.hess_yy.address, ode.hess_yp.address
+        else:  # the block-diagonal EK1 needs the rows ∂²f_i/∂y_i∂(y, θ) only
+            hess_y, hess_p = ode.hess_rows_y.address, ode.hess_rows_p.address
+        field = TangentField(*ode.field_addresses, hess_y, hess_p, theta, ek1)
         dmean, dvar, dstat, rounding = tangents(field, run, steps, readonly(self.solver.prior.Q_bar_sqrt))
         cov, dcov = np.zeros((n_out, d, 0, d)), np.zeros((n_out, d, 0, d, n_dir))
         if self.smooth:
@@ -251,8 +256,9 @@ def probabilistic_solution(
     times : array_like
         Strictly increasing output times, ``times[0] >= ode.t0``, ``times[-1] > ode.t0``.
     solver : EK0 or EK1, default ``EK1(order=3)``
-        Any structure (dense, ``"diagonal"``, ``"isotropic"``); the gradients of every structure evaluate the
-        vector field's full Hessian (``d³`` numbers per step).
+        Any structure (dense, ``"diagonal"``, ``"isotropic"``); the gradients of the dense EK1 evaluate the
+        vector field's full Hessian (``d³`` numbers per step), those of the block-diagonal EK1 its rows
+        ``∂²f_i/∂y_i∂(y, θ)`` (``d (d + n_θ)``), the EK0's none.
     step : float, optional
         A fixed step (the grid contains every output time); default: error-controlled steps.
     rtol, atol, max_steps

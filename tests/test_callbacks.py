@@ -41,12 +41,13 @@ def ode():
 def _generated_functions(ode, order=3):
     taylor, taylor_jac = ode.taylor_functions(order)
     return {"rhs": ode.rhs, "jac_y": ode.jac_y, "jac_p": ode.jac_p, "hess_yy": ode.hess_yy, "hess_yp": ode.hess_yp,
-            "hess_contract": ode.hess_contract, "taylor": taylor, "taylor_jac": taylor_jac,
+            "hess_rows_y": ode.hess_rows_y, "hess_rows_p": ode.hess_rows_p, "hess_contract": ode.hess_contract,
+            "taylor": taylor, "taylor_jac": taylor_jac,
             "taylor_vjp": ode.taylor_vjp(order)}
 
 
-@pytest.mark.parametrize("name", ["rhs", "jac_y", "jac_p", "hess_yy", "hess_yp", "hess_contract", "taylor",
-                                  "taylor_jac", "taylor_vjp"])
+@pytest.mark.parametrize("name", ["rhs", "jac_y", "jac_p", "hess_yy", "hess_yp", "hess_rows_y", "hess_rows_p",
+                                  "hess_contract", "taylor", "taylor_jac", "taylor_vjp"])
 def test_callback_writes_what_the_generated_function_writes(ode, name):
     function = _generated_functions(ode)[name]
     rng = np.random.default_rng(3)

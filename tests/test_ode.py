@@ -45,6 +45,16 @@ def test_second_derivatives_match_central_differences(fhn_ode, rng):
         assert np.allclose(hyp[:, :, k], fd, atol=1e-7)
 
 
+def test_hessian_rows_of_lotka_volterra(lv_ode):
+    """``∂f_0/∂y_0 = θ_0 − θ_1 y_1`` and ``∂f_1/∂y_1 = θ_2 y_0 − θ_3``: rows with entries off the diagonal and in θ."""
+    y, p = np.array([1.3, 0.7]), np.array([0.5, 1.1, 0.9, 0.4])
+    rows_y, rows_p = np.full((2, 2), np.nan), np.full((2, 4), np.nan)
+    lv_ode.hess_rows_y(y, 0.0, p, rows_y)
+    lv_ode.hess_rows_p(y, 0.0, p, rows_p)
+    np.testing.assert_array_equal(rows_y, [[0.0, -p[1]], [p[2], 0.0]])
+    np.testing.assert_array_equal(rows_p, [[1.0, -y[1], 0.0, 0.0], [0.0, 0.0, y[0], -1.0]])
+
+
 def _ring(y, t, p):
     """A sparse field of ``len(y)`` states with time- and parameter-dependent second derivatives."""
     d = len(y)
@@ -62,6 +72,12 @@ def test_contracted_derivatives_equal_the_full_tensors_and_grow_with_the_nonzero
     small.hess_contract(y, 0.4, p, w, out_y, out_p)
     assert np.allclose(out_y, np.einsum("rc,rce->e", w, hyy), rtol=1e-13, atol=1e-13)
     assert np.allclose(out_p, np.einsum("rc,rce->e", w, hyp), rtol=1e-13, atol=1e-13)
+    rows_y, rows_p = np.empty((5, 5)), np.empty((5, 1))  # the block-diagonal EK1's rows ∂²f_i/∂y_i∂(y, θ)
+    small.hess_rows_y(y, 0.4, p, rows_y)
+    small.hess_rows_p(y, 0.4, p, rows_p)
+    np.testing.assert_array_equal(rows_y, np.einsum("iie->ie", hyy))
+    np.testing.assert_array_equal(rows_p, np.einsum("iie->ie", hyp))
+    assert np.count_nonzero(rows_y) == 5 and np.count_nonzero(rows_p) == 5  # ∂f_i/∂y_i = 2 θ sin(t) y_i − 1
     small_sizes = {path.name: path.stat().st_size for path in tmp_path.glob("pnode_*.py")}
     w = rng.normal(size=(4, 5))
     ty, tp = np.empty((4, 5, 5)), np.empty((4, 5, 1))

@@ -13,14 +13,17 @@ import pytensor.tensor as pt
 import pytest
 
 from pymc_pnode.sampling import (
+    AdaptiveMove,
     HamiltonianMove,
     ParallelTempering,
     RandomWalkMetropolis,
     geometric_betas,
     sample_pt,
 )
+from pymc_pnode.sampling.acceptance import metropolis_accept
+from pymc_pnode.sampling.adaptation import WindowedAdaptation
 from pymc_pnode.sampling.ladder import LadderAdapter, validate_betas
-from pymc_pnode.sampling.swaps import RoundTripCounter, select_swap_pairs
+from pymc_pnode.sampling.swaps import CommunicationCheck, RoundTripCounter, select_swap_pairs
 from tests.conftest import LIKELIHOOD_MUTATIONS, scale_likelihood
 
 SAMPLE_KW = {"progressbar": False, "compute_convergence_checks": False}
@@ -511,3 +514,73 @@ def test_custom_move_factory(conjugate_model: pm.Model) -> None:
             ),
         )
     assert [m.scale for m in step.moves] == pytest.approx([0.1, 0.2])
+
+
+class _DiagonalRandomWalk(AdaptiveMove):
+    """A user's move written against AdaptiveMove: a random walk whose metric is a diagonal scaling."""
+
+    START = 50.0  # far above the tuned size
+
+    def setup(self, ndim: int, beta: float) -> None:
+        self.sd = np.ones(ndim)
+        self.start_adaptation(WindowedAdaptation(ndim, self.START, 0.3, diagonal=True, first_window=50),
+                              self.START)
+
+    def transition(self, state, target, rng, size):
+        proposal = target.evaluate(state.x + size * self.sd * rng.standard_normal(state.x.size))
+        accepted, accept_prob = metropolis_accept(target.logp(proposal) - target.logp(state), rng)
+        return (proposal if accepted else state), accept_prob
+
+    def use_metric(self, variances: np.ndarray) -> None:
+        self.sd = np.sqrt(variances)
+
+
+def test_custom_adaptive_move_tunes_and_samples(conjugate_model: pm.Model) -> None:
+    """AdaptiveMove's tuning (dual averaging, doubling windows) serves a user's move: the size leaves its
+    start and ends at the averaged value, and the conjugate posterior comes out within 4 MC standard errors."""
+    with conjugate_model:
+        step = ParallelTempering(n_replicas=2, beta_min=0.2, move=_DiagonalRandomWalk())
+        idata = pm.sample(draws=1500, tune=600, step=step, chains=1, cores=1, random_seed=3, **SAMPLE_KW)
+    for move in step.moves:
+        assert move.scale == move._adaptation.final_step
+        assert move.sd[0] < 0.8  # a window's variances became the metric (posterior sd 0.22-0.5 at beta 1-0.2)
+        assert move.scale * move.sd[0] < 0.1 * _DiagonalRandomWalk.START  # the proposal's sd, tuned down
+    mu = idata.posterior["mu"]
+    ess = float(az.ess(idata, var_names=["mu"])["mu"])
+    assert ess > 200, ess
+    assert abs(float(mu.mean()) - CONJ_POST_MEAN) < 4.0 * np.sqrt(CONJ_POST_VAR / ess)
+    assert abs(float(mu.var()) - CONJ_POST_VAR) < 4.0 * CONJ_POST_VAR * np.sqrt(2.0 / ess)
+
+
+def _sample_logged_warnings(betas: list[float], caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Samples y_i ~ N(mu, 1) (2000 values) under mu ~ N(0, 100²) and returns PyMC's logged warning messages."""
+    y = np.random.default_rng(4).normal(0.3, 1.0, size=2000)
+    with pm.Model():
+        mu = pm.Normal("mu", 0.0, 100.0)
+        pm.Normal("y", mu, 1.0, observed=y)
+        step = ParallelTempering(betas=betas, adapt_betas=False)
+        with caplog.at_level("WARNING"):
+            pm.sample(draws=300, tune=200, step=step, chains=1, cores=1, random_seed=2, **SAMPLE_KW)
+    return [r.getMessage() for r in caplog.records if "Parallel tempering after" in r.getMessage()]
+
+
+def test_ladder_that_does_not_communicate_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """A cold posterior 5000 times narrower than the hot replica's density: the pair almost never swaps, and
+    PyMC logs the step's SamplerWarning naming it; a ladder that swaps is not reported."""
+    messages = _sample_logged_warnings([1.0, 1e-6], caplog)
+    assert len(messages) == 1, messages
+    assert "replicas 0 and 1" in messages[0]
+    caplog.clear()
+    assert _sample_logged_warnings([1.0, 0.5], caplog) == []
+
+
+def test_communication_check_names_a_replica_that_does_not_move() -> None:
+    check = CommunicationCheck(3)
+    rates, attempts, betas = np.array([0.4, 0.3]), np.array([50, 50]), np.array([1.0, 0.3, 0.1])
+    for _ in range(CommunicationCheck.FIRST_CHECK - 1):
+        assert check.record(np.array([0.5, 0.4, 0.005]), rates, attempts, betas) is None
+    message = check.record(np.array([0.5, 0.4, 0.005]), rates, attempts, betas)
+    assert "replica 2 (beta 0.1) accepted 0.5% of its moves" in message
+    assert "replicas 0 and 1" not in message
+    for _ in range(300):  # once per chain
+        assert check.record(np.zeros(3), np.zeros(2), attempts, betas) is None

@@ -16,14 +16,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 
 from pymc_pnode._lbfgs import FAILED_VALUE as _FAILED_VALUE  # returned for failed solves
 from pymc_pnode._lbfgs import minimize_with_restarts
-from pymc_pnode.baselines._inputs import validate_observations
-from pymc_pnode.baselines.sensitivities import DEFAULT_MAX_NFEV, integrate, validate_method
+from pymc_pnode.baselines._inputs import Observations, validate_observations
+from pymc_pnode.baselines.sensitivities import (
+    DEFAULT_ATOL,
+    DEFAULT_MAX_NFEV,
+    DEFAULT_METHOD,
+    DEFAULT_RTOL,
+    integrate,
+    validate_method,
+)
 from pymc_pnode.estimation import EstimationResult
+from pymc_pnode.ode import ODE
 from pymc_pnode.validation import as_positive_float, as_positive_int, validate_bounds
 
 __all__ = ["least_squares_objective", "rk_least_squares"]
@@ -32,23 +41,28 @@ __all__ = ["least_squares_objective", "rk_least_squares"]
 _STATIONARY = 1e-4
 
 
+@dataclass
 class _SingleShootingProblem:
     """Objective and exact gradient of single shooting in the optimiser's coordinates."""
 
-    def __init__(self, ode, obs, theta_fixed_y0, fit_y0, log_mask, *, method, rtol, atol, max_step=np.inf,
-                 max_nfev=DEFAULT_MAX_NFEV):
-        self.ode = ode
-        self.obs = obs
-        self.y0_fixed = theta_fixed_y0
-        self.fit_y0 = fit_y0
-        self.log_mask = log_mask
-        self.method = method
-        self.rtol, self.atol, self.max_step = rtol, atol, max_step
-        self.max_nfev = max_nfev
-        self.k = ode.n_theta
-        self.n_solves = 0
-        self.n_failed = 0
-        self.last_message = ""
+    ode: ODE
+    obs: Observations
+    y0_fixed: np.ndarray
+    fit_y0: bool
+    log_mask: np.ndarray
+    _: KW_ONLY
+    method: str
+    rtol: float
+    atol: float
+    max_step: float = np.inf
+    max_nfev: int = DEFAULT_MAX_NFEV
+    n_solves: int = field(default=0, init=False)
+    n_failed: int = field(default=0, init=False)
+    last_message: str = field(default="", init=False)
+
+    @property
+    def k(self) -> int:
+        return self.ode.n_theta
 
     def split(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         theta = np.array(u[: self.k], dtype=np.float64)
@@ -102,9 +116,9 @@ def least_squares_objective(
     t0: float | None = None,
     obs_matrix=None,
     obs_sigma=1.0,
-    method: str = "RK45",
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
+    method: str = DEFAULT_METHOD,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """The single-shooting objective and its exact gradient at one point (natural coordinates).
 
@@ -138,9 +152,9 @@ def rk_least_squares(
     t0: float | None = None,
     obs_matrix=None,
     obs_sigma=1.0,
-    method: str = "RK45",
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
+    method: str = DEFAULT_METHOD,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
     log_theta: bool | Sequence[bool] = False,
     bounds: Sequence[tuple[float | None, float | None]] | None = None,
     y0_bounds: Sequence[tuple[float | None, float | None]] | None = None,

@@ -31,7 +31,10 @@ from scipy.optimize import minimize
 
 from pymc_pnode.baselines._inputs import validate_observations
 from pymc_pnode.baselines.sensitivities import (
+    DEFAULT_ATOL,
     DEFAULT_MAX_NFEV,
+    DEFAULT_METHOD,
+    DEFAULT_RTOL,
     adjoint_gradient,
     integrate,
     validate_method,
@@ -80,9 +83,9 @@ class MultipleShootingProblem:
         obs_matrix=None,
         obs_sigma=1.0,
         constraints: str = "scalar",
-        method: str = "RK45",
-        rtol: float = 1e-8,
-        atol: float = 1e-10,
+        method: str = DEFAULT_METHOD,
+        rtol: float = DEFAULT_RTOL,
+        atol: float = DEFAULT_ATOL,
         max_nfev: int = DEFAULT_MAX_NFEV,
     ):
         if constraints not in CONSTRAINT_KINDS:
@@ -245,9 +248,9 @@ def shooting_trajectories(
     theta,
     *,
     n_points: int = 50,
-    method: str = "RK45",
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
+    method: str = DEFAULT_METHOD,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Solutions of the interval IVPs ``x_j(t; tau_j, s_j, p)`` for plotting (paper Fig. 1).
 
@@ -275,9 +278,9 @@ def multiple_shooting(
     t0: float | None = None,
     obs_matrix=None,
     obs_sigma=1.0,
-    method: str = "RK45",
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
+    method: str = DEFAULT_METHOD,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
     bounds: Sequence[tuple[float | None, float | None]] | None = None,
     maxiter: int = 500,
     ftol: float = 1e-10,

@@ -56,6 +56,11 @@ _DENSE_JAC_MAX = 300
 # budget ends the solve as a failure (reported, not raised).
 DEFAULT_MAX_NFEV = 100_000
 
+# Default integration settings of every classical baseline (an explicit pair, tight tolerances).
+DEFAULT_METHOD = "RK45"
+DEFAULT_RTOL = 1e-8
+DEFAULT_ATOL = 1e-10
+
 
 class _BudgetExceeded(Exception):
     pass
@@ -209,9 +214,9 @@ def integrate(
     t0: float | None = None,
     wrt_y0: bool = False,
     wrt_theta: bool = False,
-    method: str = "RK45",
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
+    method: str = DEFAULT_METHOD,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
     max_step: float = np.inf,
     first_step: float | None = None,
     dense_output: bool = False,
@@ -362,9 +367,9 @@ def adjoint_gradient(
     t_span: tuple[float, float],
     terminal_grad,
     *,
-    method: str = "RK45",
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
+    method: str = DEFAULT_METHOD,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
     max_nfev: int = DEFAULT_MAX_NFEV,
 ) -> tuple[np.ndarray, np.ndarray, bool, str, int]:
     r"""Gradient of a terminal function :math:`h(y(t_1))` by one backward adjoint solve.

@@ -32,6 +32,7 @@ import numpy as np
 from pymc_pnode._callbacks import call
 from pymc_pnode._jit import JIT, compile_on_first_use, readonly
 from pymc_pnode.chkrebtii.structure import Weights
+from pymc_pnode.filtering.linalg import matvec_t
 
 __all__ = ["LAG_CONSTANT", "LAG_FUNCTION", "LAG_NONE", "Innovations", "Setting", "backward", "forward"]
 
@@ -260,11 +261,7 @@ def backward(rhs, jac_y, jac_p, hist, hist_jp, hist_dt, setting, weights, innova
         # f_n = f(u_n, s_n, paug_n)
         call(jac_y, u[n], grid[n], paug[n], jy)
         call(jac_p, u[n], grid[n], paug[n], jp)
-        for j in range(d):
-            acc = 0.0
-            for i in range(d):
-                acc += jy[i, j] * fb[i]
-            ub[j] = acc
+        matvec_t(jy, fb, d, d, ub)
         for q in range(naug):
             acc = 0.0
             for i in range(d):

@@ -514,6 +514,7 @@ class FixedStepSolver:
         if method == "stormer_verlet":
             _check_separable(ode)
         self.ode = ode
+        self.n_states, self.n_theta = ode.n_states, ode.n_theta
         self.method = method
         self.step = step
         self.alignment = alignment
@@ -547,14 +548,6 @@ class FixedStepSolver:
             f"FixedStepSolver({self.ode!r}, method={self.method!r}, step={self.step}, "
             f"n_times={self.times.size}, n_steps={self.n_steps})"
         )
-
-    @property
-    def n_states(self) -> int:
-        return self.ode.n_states
-
-    @property
-    def n_theta(self) -> int:
-        return self.ode.n_theta
 
     def forward(self, y0: np.ndarray, theta: np.ndarray):
         """Raw forward pass on validated float64 arrays: ``(ys, traj, ok)`` (see :func:`rk_forward`)."""

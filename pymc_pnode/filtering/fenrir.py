@@ -345,7 +345,7 @@ def _filter_adjoint(
         if kbar_mode == KBAR_LOCAL and local_kappa[n] > KAPPA_FLOOR:
             # κ_n = ẑᵀ(H Q Hᵀ)⁻¹ẑ / d with ẑ, L of this (unit-diffusion) run: ẑ̄ and L̄ join the linearisation's adjoint.
             local_kappa_adjoint(kbar_step[n], step, rq, q, d, lin[n], zhat[n], err_work, zbar, jbar)
-        linearise_adjoint(field, derivs, t, xi, lin[n], d, cot, mbar, grad_theta, lin_work, False)
+        linearise_adjoint(field, derivs, t, xi, lin[n], (d, False), cot, mbar, grad_theta, lin_work)
         # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of the data filter on (μ, Σ)_{n−1}.
         kbar_n = predict_adjoint(step, rq, q, d, mbar, sbar, work, mbar_prev, sig_pred)
         if kbar_mode == KBAR_ADD:
@@ -401,7 +401,7 @@ def _block_filter_adjoint(
         primal = UpdatePrimal(r[n], mu_pred[n], lin[n], zhat[n], step)
         if not block_update_adjoint(sig_pred, primal, rq, (q, d, field.ek1), (w_stat, kbar_local), bar, work):
             return bar, False, work.out.rounding[0]
-        linearise_adjoint(field, derivs, t, xi, lin[n], d, work.cot, mbar, grad_theta, lin_work, True)  # L = diag J
+        linearise_adjoint(field, derivs, t, xi, lin[n], (d, True), work.cot, mbar, grad_theta, lin_work)  # L = diag J
         # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of the data filter on (μ, Σ)_{n−1}.
         kbar_n = block_prediction_adjoint(step, rq, q, d, mbar, sbar, congruence_work, mbar_prev, sig_prev)
         if kbar_mode == KBAR_ADD:

@@ -20,6 +20,7 @@ from pymc_pnode._jit import INLINE_JIT
 from pymc_pnode.filtering.linalg import (
     copy_transposed,
     matmul,
+    matmul_part,
     matmul_tn,
     solve_gram_inplace,
     tria_cols_inplace,
@@ -227,12 +228,9 @@ def push_through_kernel(kernel: BackwardKernel, mu: np.ndarray, r: np.ndarray, m
         for j in range(dd):
             s += g[i, j] * mu[j]
         mu_out[i] = s
+    matmul_part(g, r.T, dd, dd, dd, mt)  # mt[:dd, :dd] = G rᵀ = (r Gᵀ)ᵀ
     for col in range(dd):
         for row in range(dd):
-            s = 0.0
-            for k in range(dd):
-                s += r[row, k] * g[col, k]
-            mt[col, row] = s
             mt[col, dd + row] = lam[row, col]
     tria_cols_inplace(mt, 2 * dd, dd, mt[dd])
     copy_transposed(mt, dd, r_out, 0)

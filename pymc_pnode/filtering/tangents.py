@@ -27,7 +27,7 @@ import numpy as np
 
 from pymc_pnode._callbacks import FN, call
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use, readonly
-from pymc_pnode.filtering.linalg import matmul, matmul_nt, matmul_tn, solve_gram_inplace
+from pymc_pnode.filtering.linalg import matmul, matmul_nt, matmul_part, matmul_tn, solve_gram_inplace
 from pymc_pnode.filtering.predict import predict_root
 from pymc_pnode.filtering.prior import add_noise, apply_transition, congruence, set_step, transition_matrix
 from pymc_pnode.filtering.smoother import backward_gain, backward_work
@@ -65,8 +65,9 @@ _STEP_TANGENTS_T = nb.types.NamedTuple([nb.float64[:, :, ::1], nb.float64[:, :, 
 _SMOOTHED_RUN_T = nb.types.NamedTuple([_R2, _R3], SmoothedRun)
 # The vector field as the tangent kernels need it: f and its first and second derivatives (addresses of C
 # callbacks, :mod:`pymc_pnode._callbacks`; the second derivatives are not called by the EK0: 0 will do), the
-# parameters and EK1 (else EK0).
-TangentField = namedtuple("TangentField", ["rhs", "jac_y", "jac_p", "hess_yy", "hess_yp", "theta", "ek1"])
+# parameters and EK1 (else EK0). The second derivatives are the full tensors ``ODE.hess_yy``/``hess_yp`` for
+# the dense kernel and their rows ``∂²f_i/∂y_i∂(y, θ)`` (``ODE.hess_rows_y``/``hess_rows_p``) for the block one.
+TangentField = namedtuple("TangentField", ["rhs", "jac_y", "jac_p", "hess_y", "hess_p", "theta", "ek1"])
 _TANGENT_FIELD_T = nb.types.NamedTuple([FN, FN, FN, FN, FN, nb.float64[::1], nb.boolean], TangentField)
 _TANGENTS_SIG = (_TANGENT_FIELD_T, _STORED_RUN_T, _STEP_TANGENTS_T, _R2)
 
@@ -76,10 +77,11 @@ FieldValues = namedtuple("FieldValues", ["xi", "fx", "jac", "jp", "hyy", "hyp"])
 
 
 @nb.njit(**INLINE_JIT)
-def field_values(d: int, n_theta: int) -> FieldValues:
-    """Work arrays of :func:`evaluate_field` for ``d`` states and ``n_theta`` parameters."""
-    return FieldValues(np.empty(d), np.empty(d), np.empty((d, d)), np.empty((d, n_theta)), np.empty((d, d, d)),
-                       np.empty((d, d, n_theta)))
+def field_values(d: int, n_theta: int, hess_shapes: tuple) -> FieldValues:
+    """Work arrays of :func:`evaluate_field` for ``d`` states and ``n_theta`` parameters; ``hess_shapes`` are the
+    shapes of the second derivatives the field's ``hess_y`` and ``hess_p`` write."""
+    return FieldValues(np.empty(d), np.empty(d), np.empty((d, d)), np.empty((d, n_theta)), np.empty(hess_shapes[0]),
+                       np.empty(hess_shapes[1]))
 
 
 @nb.njit(**INLINE_JIT)
@@ -92,8 +94,8 @@ def evaluate_field(field: TangentField, t: float, mu_pred: np.ndarray, out: Fiel
     call(field.jac_y, xi, t, p, out.jac)
     call(field.jac_p, xi, t, p, out.jp)
     if field.ek1:  # (the EK0 does not call the second derivatives)
-        call(field.hess_yy, xi, t, p, out.hyy)
-        call(field.hess_yp, xi, t, p, out.hyp)
+        call(field.hess_y, xi, t, p, out.hyy)
+        call(field.hess_p, xi, t, p, out.hyp)
 
 
 @nb.njit(**INLINE_JIT)
@@ -197,22 +199,13 @@ def update_tangent(update: LinearisedUpdate, dh: np.ndarray, dz: np.ndarray, wor
             for j in range(m):
                 v -= gain[a, j] * ds[j, i]
             dph[a, i] = v
-        for i in range(m):
-            v = 0.0
-            for j in range(m):
-                v += dph[a, j] * s_inv[j, i]
-            dgain[a, i] = v
+    matmul_part(dph, s_inv, dd, m, m, dgain)
     for a in range(dd):  # dμ = dμ⁻ − dK ẑ − K dẑ
         v = dmu_pred[a]
         for i in range(m):
             v -= dgain[a, i] * z[i] + gain[a, i] * dz[i]
         dmu[a] = v
-    for i in range(m):
-        for c in range(dd):
-            v = 0.0
-            for e in range(dd):
-                v += dh[i, e] * sig_post[e, c]
-            dh_sig[i, c] = v
+    matmul_part(dh, sig_post, m, dd, dd, dh_sig)
     matmul(b, dsig_pred, bx)  # dΣ = B dΣ⁻ Bᵀ − K dH Σ − (K dH Σ)ᵀ
     matmul_nt(bx, b, dsig)
     norm_out = 0.0  # ‖T⁻¹ dΣ T⁻¹‖², for the rounding bound
@@ -263,7 +256,7 @@ def filter_tangents(vector_field, run, steps, rq):
     mu_pred, dmu_col, new_dmu = np.empty(dd), np.empty(dd), np.empty(dd)
     z, dz = np.empty(d), np.empty(d)
     step = np.empty((3, q + 1))
-    field = field_values(d, p.shape[0])
+    field = field_values(d, p.shape[0], ((d, d, d), (d, d, p.shape[0])))
     fx, jac, jp, hyy, hyp = field.fx, field.jac, field.jp, field.hyy, field.hyp
     h_mat = np.zeros((d, dd))
     dh = np.zeros((d, dd))
@@ -328,8 +321,9 @@ def block_filter_tangents(vector_field, run, steps, rq):
     ``run.r`` holds one ``(q + 1, q + 1)`` root per state (``(N + 1, d, q + 1, q + 1)``) or one shared root
     (``(N + 1, 1, q + 1, q + 1)``); ``steps.dsig`` is ``(K, P, n_blocks, q + 1, q + 1)``. State ``i`` is
     updated on its block with the scalar observation ``E1 − L_ii E0`` (``L_ii = ∂f_i/∂y_i`` for the EK1, 0 for
-    the EK0), so the tangent of ``L_ii`` needs only the Hessian entries ``∂²f_i/∂y_i∂(y, θ)``; the means stay
-    coupled through ``f``. (The full Hessian is evaluated: ``d³`` numbers per step.) Same returns.
+    the EK0), so the tangent of ``L_ii`` needs only the Hessian's rows ``∂²f_i/∂y_i∂(y, θ)`` (``d (d + n_θ)``
+    numbers per step, ``vector_field.hess_y``/``hess_p`` = ``ODE.hess_rows_y``/``hess_rows_p``); the means stay
+    coupled through ``f``. Same returns.
     """
     ts, mus, rs, kappas, out_index = run
     p, ek1 = vector_field.theta, vector_field.ek1
@@ -353,7 +347,7 @@ def block_filter_tangents(vector_field, run, steps, rq):
     mu_pred = np.empty(dd)
     dmu_pred = np.empty((dd, n_dir))
     dmu_col, pred_col = np.empty(dd), np.empty(dd)
-    field = field_values(d, p.shape[0])
+    field = field_values(d, p.shape[0], ((d, d), (d, p.shape[0])))  # rows ∂²f_i/∂y_i∂(y, θ)
     fx, jac, jp, hyy, hyp = field.fx, field.jac, field.jp, field.hyy, field.hyp
     h_row = np.zeros((1, q1))
     dh = np.zeros((1, q1))
@@ -393,11 +387,11 @@ def block_filter_tangents(vector_field, run, steps, rq):
                 for m in range(d):
                     v -= jac[i, m] * dmu_pred[m, j]
                     if ek1:
-                        w += hyy[i, i, m] * dmu_pred[m, j]
+                        w += hyy[i, m] * dmu_pred[m, j]
                 if j >= d:
                     v -= jp[i, j - d]
                     if ek1:
-                        w += hyp[i, i, j - d]
+                        w += hyp[i, j - d]
                 dz[0] = v
                 dh[0, 0] = -w
                 # (a shared isotropic block is updated once, by state 0)

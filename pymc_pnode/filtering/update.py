@@ -17,7 +17,7 @@ import numpy as np
 
 from pymc_pnode._callbacks import FN, call
 from pymc_pnode._jit import INLINE_JIT
-from pymc_pnode.filtering.linalg import cholesky_inplace, solve_lower, tria_cols_inplace
+from pymc_pnode.filtering.linalg import cholesky_inplace, matmul_part, matvec, matvec_t, solve_lower, tria_cols_inplace
 
 # The vector field as the forward pass needs it: f, ∂f/∂y (addresses of C callbacks, :mod:`pymc_pnode._callbacks`),
 # the parameters and EK1 (else EK0).
@@ -99,14 +99,14 @@ def ode_observation_matrix(lin: np.ndarray, d: int, hm: np.ndarray) -> None:
 
 @nb.njit(inline="always", **INLINE_JIT)
 def linearise_adjoint(
-    field: VectorField, derivs: FieldDerivatives, t: float, xi: np.ndarray, lin: np.ndarray, d: int,
+    field: VectorField, derivs: FieldDerivatives, t: float, xi: np.ndarray, lin: np.ndarray, layout: tuple[int, bool],
     cot: LinearisationCotangents, mbar_pred: np.ndarray, grad_theta: np.ndarray, work: LinearisationAdjointWork,
-    diagonal: bool,
 ) -> None:
     """Adjoint of :func:`linearise` through ``H = E1 − L E0`` and ``c = −f(ξ) + L ξ`` (so that ``r = H μ⁻ + c = ẑ``).
 
-    Eleven parameters, one over the rule, for ``d``: an explicit size stays a compile-time constant in the
-    kernels compiled per ``(q, d)`` (``docs/architecture.md``), which ``xi.shape[0]`` would not be.
+    ``layout = (d, diagonal)``, as :func:`~.structure.block_update_adjoint`'s ``(q, d, ek1)``: an explicit ``d``
+    stays a compile-time constant in the kernels compiled per ``(q, d)`` (``docs/architecture.md``), which
+    ``xi.shape[0]`` would not be.
 
     ``cot.rbar`` is the adjoint of ``c``, ``cot.hbar`` of ``H``; ``cot.zbar`` and ``cot.jbar`` those of ``ẑ``
     and ``L`` through the local diffusion. Adds the adjoints of ``μ⁻`` (through ``ξ`` and ``E1 μ⁻``) to
@@ -114,6 +114,7 @@ def linearise_adjoint(
     with ``diagonal`` (the block-diagonal EK1, :mod:`.structure`; ``lin[i, 0] = L_ii``) ``L = diag J(ξ)``,
     whose off-diagonal part of ``J`` no longer cancels in ``∂c/∂ξ = −J + L``.
     """
+    d, diagonal = layout
     k = grad_theta.shape[0]
     _, jac_y, theta, ek1 = field
     rbar, hbar, zbar, jbar = cot
@@ -329,56 +330,24 @@ def update_adjoint(
     u, kg, t1, mh_t = wk[0], wk[1], wk[2], wk[3]
     smat, sinv, mmat, chol = wm[0], wm[1], wm[2], wm[3]
     bm, v, alpha, kr = wv[0], wv[1], wv[2], wv[3]
-    # U = Σ⁻ Hᵀ, S = H U + R
-    for a_ in range(dd):
-        for i in range(mo):
-            s = 0.0
-            for b in range(dd):
-                s += sp[a_, b] * hm[i, b]
-            u[a_, i] = s
+    # U = Σ⁻ Hᵀ, S = H U + R, α = S⁻¹ r, K = U S⁻¹
+    matmul_part(sp, hm.T, dd, dd, mo, u)
+    matmul_part(hm, u, mo, dd, mo, smat)
     for i in range(mo):
-        for j in range(mo):
-            s = nv[i] if i == j else 0.0
-            for b in range(dd):
-                s += hm[i, b] * u[b, j]
-            smat[i, j] = s
+        smat[i, i] += nv[i]
     if not spd_inverse(smat, mo, sinv, chol):
         return False
-    for i in range(mo):
-        s = 0.0
-        for j in range(mo):
-            s += sinv[i, j] * r[j]
-        alpha[i] = s
-    for a_ in range(dd):
-        for j in range(mo):
-            s = 0.0
-            for i in range(mo):
-                s += u[a_, i] * sinv[i, j]
-            kg[a_, j] = s
+    matvec(sinv, r, mo, mo, alpha)
+    matmul_part(u, sinv, dd, mo, mo, kg)
     # km = Kᵀ μ̄⁺ (kept in rbar for now), v = Hᵀ α, T1 = Σ̄⁺ K
-    for i in range(mo):
-        s = 0.0
-        for a_ in range(dd):
-            s += kg[a_, i] * mbar[a_]
-        rbar[i] = s
-    for b in range(dd):
-        s = 0.0
-        for i in range(mo):
-            s += hm[i, b] * alpha[i]
-        v[b] = s
-    for a_ in range(dd):
-        for j in range(mo):
-            s = 0.0
-            for b in range(dd):
-                s += sbar[a_, b] * kg[b, j]
-            t1[a_, j] = s
+    matvec_t(kg, mbar, mo, dd, rbar)
+    matvec_t(hm, alpha, dd, mo, v)
+    matmul_part(sbar, kg, dd, dd, mo, t1)
     # KᵀΣ̄⁺K and M = ½ w (ααᵀ − S⁻¹) + KᵀΣ̄⁺K; S̄ = M + sym(km αᵀ)
+    matmul_part(kg.T, t1, mo, dd, mo, mmat)
     for i in range(mo):
         for j in range(mo):
-            s = 0.0
-            for a_ in range(dd):
-                s += kg[a_, i] * t1[a_, j]
-            mmat[i, j] = 0.5 * (wq * alpha[i] * alpha[j] - wl * sinv[i, j]) + s
+            mmat[i, j] += 0.5 * (wq * alpha[i] * alpha[j] - wl * sinv[i, j])
     for i in range(mo):
         sdiag[i] = mmat[i, i] + rbar[i] * alpha[i]
     # B^T μ̄⁺ = μ̄⁺ − Hᵀ km
@@ -389,11 +358,7 @@ def update_adjoint(
         bm[b] = s
     if want_h:
         # H̄ = −2 (Σ̄⁺K)ᵀ Σ⁺ − α (Σ⁺ μ̄⁺)ᵀ + (wq ααᵀ − wl S⁻¹) Uᵀ + km (K r)ᵀ + r̄ μ⁻ᵀ, r̄ = −wq α − km
-        for a_ in range(dd):
-            s = 0.0
-            for i in range(mo):
-                s += kg[a_, i] * r[i]
-            kr[a_] = s
+        matvec(kg, r, dd, mo, kr)
         for b in range(dd):
             s = 0.0
             for c in range(dd):
@@ -415,12 +380,7 @@ def update_adjoint(
     state_scales(sp, scale)
     gain_sq = scaled_gain_sq(kg, hm, mo, scale)
     # Σ̄⁻ = Σ̄⁺ − T1 H − Hᵀ T1ᵀ + Hᵀ M H − ½ (bm vᵀ + v bmᵀ)   (in place, symmetric)
-    for b in range(dd):
-        for i in range(mo):
-            s = 0.0
-            for j in range(mo):
-                s += mmat[i, j] * hm[j, b]
-            mh_t[b, i] = s
+    matmul_part(hm.T, mmat.T, dd, mo, mo, mh_t)  # (M H)ᵀ
     norm_post = norm_pre = 0.0  # ‖T Σ̄⁺ T‖², ‖T Σ̄⁻ T‖² (a cotangent scales with T) in the same pass
     for a_ in range(dd):
         for b in range(a_, dd):

@@ -8,13 +8,13 @@ import numpy as np
 
 from pymc_pnode.sampling.acceptance import metropolis_accept
 from pymc_pnode.sampling.adaptation import WindowedAdaptation
-from pymc_pnode.sampling.moves import ReplicaMove
+from pymc_pnode.sampling.moves import AdaptiveMove
 from pymc_pnode.sampling.tempered_target import ReplicaState, TemperedTarget
 
 __all__ = ["HamiltonianMove"]
 
 
-class HamiltonianMove(ReplicaMove):
+class HamiltonianMove(AdaptiveMove):
     """Static-length HMC with dual-averaged step size and diagonal mass matrix.
 
     Each call draws a momentum ``p ~ N(0, M)``, integrates
@@ -79,28 +79,15 @@ class HamiltonianMove(ReplicaMove):
         step = self.initial_step_size
         if step is None:
             step = 0.25 / ndim**0.25 * min(beta**-0.5, 10.0)
-        self._adaptation = WindowedAdaptation(ndim, step, self.target_accept, adapt_metric=self.adapt_mass,
-                                              diagonal=True, first_window=self.first_window)
-        self._step_size = float(step)
+        self.start_adaptation(WindowedAdaptation(ndim, step, self.target_accept, adapt_metric=self.adapt_mass,
+                                                  diagonal=True, first_window=self.first_window), step)
         self.inv_mass = np.ones(ndim)
         self.n_divergences = 0
 
-    @property
-    def scale(self) -> float:
-        """Current leapfrog step size."""
-        return self._step_size
-
-    def step(
-        self,
-        state: ReplicaState,
-        target: TemperedTarget,
-        rng: np.random.Generator,
-        tune: bool,
-    ) -> tuple[ReplicaState, float]:
-        """One HMC transition of the replica (see :meth:`ReplicaMove.step`)."""
-        if tune:
-            self._step_size = self._adaptation.step
-        eps = self._step_size * rng.uniform(0.9, 1.1)
+    def transition(self, state: ReplicaState, target: TemperedTarget, rng: np.random.Generator,
+                    size: float) -> tuple[ReplicaState, float]:
+        """One HMC transition of the replica with (unjittered) step size ``size``."""
+        eps = size * rng.uniform(0.9, 1.1)
         n_steps = int(np.clip(np.ceil(self.path_length / eps), 1, self.max_steps))
 
         inv_mass = self.inv_mass
@@ -131,18 +118,10 @@ class HamiltonianMove(ReplicaMove):
         else:
             energy1 = -target.logp(current) + 0.5 * np.sum(inv_mass * p**2)
             accepted, accept_prob = metropolis_accept(energy0 - energy1, rng)
-        new_state = current if accepted else state
-        if tune:
-            self._adapt(new_state.x, accept_prob)
-        return new_state, accept_prob
+        return (current if accepted else state), accept_prob
 
-    def _adapt(self, x: np.ndarray, accept_prob: float) -> None:
-        variances = self._adaptation.update(accept_prob, x)
-        if variances is not None:
-            self.inv_mass = variances
-            # The step size tuned for the old metric is stale; restart averaging from it.
-            self._adaptation.restart(self._adaptation.step)
-
-    def stop_tuning(self) -> None:
-        """Fix the step size at its dual-averaged value."""
-        self._step_size = self._adaptation.final_step
+    def use_metric(self, variances: np.ndarray) -> None:
+        """The window's marginal variances become the inverse mass matrix."""
+        self.inv_mass = variances
+        # The step size tuned for the old metric is stale; restart averaging from it.
+        self._adaptation.restart(self._adaptation.step)

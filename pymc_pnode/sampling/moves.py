@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from pymc_pnode.sampling.adaptation import WindowedAdaptation
 from pymc_pnode.sampling.tempered_target import ReplicaState, TemperedTarget
 
-__all__ = ["MoveSpec", "ReplicaMove", "make_replica_moves"]
+__all__ = ["AdaptiveMove", "MoveSpec", "ReplicaMove", "make_replica_moves"]
 
 
 class ReplicaMove(ABC):
@@ -72,6 +73,51 @@ class ReplicaMove(ABC):
     def scale(self) -> float:
         """Characteristic proposal scale (reported as a sampler statistic)."""
         return float("nan")
+
+
+class AdaptiveMove(ReplicaMove):
+    """A move with one tuned size (a proposal scale or a leapfrog step size) and a metric, both adapted
+    while tuning by :class:`~pymc_pnode.sampling.adaptation.WindowedAdaptation`: the size by dual
+    averaging towards the target acceptance, the metric at the end of doubling windows.
+
+    Subclasses call :meth:`start_adaptation` in :meth:`setup` and implement :meth:`transition` (one
+    transition at a given size) and :meth:`use_metric` (a window's new metric estimate).
+    """
+
+    def start_adaptation(self, adaptation: WindowedAdaptation, size: float) -> None:
+        """Start tuning from ``size`` with ``adaptation`` (call in :meth:`setup`)."""
+        self._adaptation = adaptation
+        self._size = float(size)
+
+    def step(self, state: ReplicaState, target: TemperedTarget, rng: np.random.Generator,
+             tune: bool) -> tuple[ReplicaState, float]:
+        """One transition at the current size (see :meth:`ReplicaMove.step`), adapting while ``tune``."""
+        if tune:
+            self._size = self._adaptation.step
+        new_state, accept_prob = self.transition(state, target, rng, self._size)
+        if tune:
+            metric = self._adaptation.update(accept_prob, new_state.x)
+            if metric is not None:
+                self.use_metric(metric)
+        return new_state, accept_prob
+
+    @abstractmethod
+    def transition(self, state: ReplicaState, target: TemperedTarget, rng: np.random.Generator,
+                    size: float) -> tuple[ReplicaState, float]:
+        """``(new_state, accept_prob)`` of one transition with proposal scale or step size ``size``."""
+
+    @abstractmethod
+    def use_metric(self, metric: np.ndarray) -> None:
+        """Adopt a window's metric estimate (and restart the size's averaging, now stale)."""
+
+    def stop_tuning(self) -> None:
+        """Fix the size at its dual-averaged value."""
+        self._size = self._adaptation.final_step
+
+    @property
+    def scale(self) -> float:
+        """The current proposal scale or leapfrog step size."""
+        return self._size
 
 
 MoveSpec = str | ReplicaMove | Sequence[ReplicaMove] | Callable[[int], ReplicaMove]

@@ -12,6 +12,7 @@ from pymc.blocking import RaveledVars, StatsType
 from pymc.exceptions import SamplingError
 from pymc.model import modelcontext
 from pymc.pytensorf import continuous_types
+from pymc.stats.convergence import SamplerWarning, WarningType
 from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import StepMethodState
 from pymc.step_methods.state import dataclass_state
@@ -30,7 +31,7 @@ from pymc_pnode.sampling.ladder import (
 )
 from pymc_pnode.sampling.moves import MoveSpec, ReplicaMove, make_replica_moves
 from pymc_pnode.sampling.shared_ladder import SharedLadder
-from pymc_pnode.sampling.swaps import SWAP_SCHEMES, RoundTripCounter, select_swap_pairs
+from pymc_pnode.sampling.swaps import SWAP_SCHEMES, CommunicationCheck, RoundTripCounter, select_swap_pairs
 from pymc_pnode.sampling.tempered_target import (
     TEMPERING_MODES,
     LogDensityTerms,
@@ -55,6 +56,7 @@ class ParallelTemperingState(StepMethodState):
     moves: Any
     ladder_adapter: Any
     round_trips: Any
+    communication: Any
     swap_round: int
     swap_prob_sum: np.ndarray
     swap_attempts: np.ndarray
@@ -169,6 +171,10 @@ class ParallelTempering(ArrayStepShared):
         Cold-to-hot-to-cold round trips completed since the end of tuning.
     ``model_logp`` ()
         Log-density of the cold replica.
+    ``warning``
+        A ``SamplerWarning`` (logged by PyMC, as NUTS's divergences are) in the iteration where, after
+        tuning, a neighbouring pair is found to swap or a replica's move to accept in under 1 % of
+        attempts (:class:`~pymc_pnode.sampling.swaps.CommunicationCheck`); ``None`` otherwise.
     ``ladder_<name>`` (K,)
         Per-replica values of every scalar shared variable in
         ``shared_ladder`` (e.g. ``ladder_kappa`` for a Fenrir diffusion
@@ -349,6 +355,7 @@ class ParallelTempering(ArrayStepShared):
             "betas": (np.float64, [n_rep]),
             "round_trips": (np.int64, []),
             "model_logp": (np.float64, []),
+            "warning": (SamplerWarning, None),
         }
         for name in self._ladder_stats:
             shapes[name] = (np.float64, [n_rep])
@@ -369,6 +376,7 @@ class ParallelTempering(ArrayStepShared):
         self.moves: list[ReplicaMove] = copy.deepcopy(self._untuned_moves)
         self.replicas: list[ReplicaState] | None = None
         self.round_trips = RoundTripCounter(n_rep)
+        self.communication = CommunicationCheck(n_rep)
         self.swap_round = 0
         self.swap_prob_sum = np.zeros(n_rep - 1)
         self.swap_attempts = np.zeros(n_rep - 1, dtype=np.int64)
@@ -384,6 +392,7 @@ class ParallelTempering(ArrayStepShared):
         for m in self.moves:
             m.stop_tuning()
         self.round_trips.count = 0
+        self.communication = CommunicationCheck(self.n_replicas)
         self.swap_prob_sum[:] = 0.0
         self.swap_attempts[:] = 0
 
@@ -462,6 +471,12 @@ class ParallelTempering(ArrayStepShared):
             replica_accept[k] = total / self.n_moves
 
         swap_accept, swap_accepted = self._swap_round()
+        swap_rate = self.swap_prob_sum / np.maximum(self.swap_attempts, 1)
+        warning = None
+        if not self.tune:
+            message = self.communication.record(replica_accept, swap_rate, self.swap_attempts, self.betas)
+            if message is not None:
+                warning = SamplerWarning(WarningType.BAD_ACCEPTANCE, message, "warn")
         cold = self.replicas[0]
         stats = {
             "accept": float(replica_accept[0]),
@@ -469,10 +484,11 @@ class ParallelTempering(ArrayStepShared):
             "replica_scale": np.array([m.scale for m in self.moves], dtype=np.float64),
             "swap_accept": swap_accept,
             "swap_accepted": swap_accepted,
-            "swap_rate": self.swap_prob_sum / np.maximum(self.swap_attempts, 1),
+            "swap_rate": swap_rate,
             "betas": self.betas.copy(),
             "round_trips": int(self.round_trips.count),
             "model_logp": float(cold.var_logp + cold.data_logp),
+            "warning": warning,
         }
         for name, values in self._ladder_stats.items():
             stats[name] = values.copy()

@@ -7,13 +7,13 @@ import scipy.linalg
 
 from pymc_pnode.sampling.acceptance import metropolis_accept
 from pymc_pnode.sampling.adaptation import WindowedAdaptation
-from pymc_pnode.sampling.moves import ReplicaMove
+from pymc_pnode.sampling.moves import AdaptiveMove
 from pymc_pnode.sampling.tempered_target import ReplicaState, TemperedTarget
 
 __all__ = ["RandomWalkMetropolis"]
 
 
-class RandomWalkMetropolis(ReplicaMove):
+class RandomWalkMetropolis(AdaptiveMove):
     """Gaussian random-walk Metropolis with adaptive scale and covariance.
 
     Proposals are ``x' = x + scale * L z`` with ``z ~ N(0, I)`` and ``L`` the
@@ -64,48 +64,26 @@ class RandomWalkMetropolis(ReplicaMove):
         scale = self.initial_scale
         if scale is None:
             scale = self._optimal_scale * min(beta**-0.5, 10.0)
-        self._adaptation = WindowedAdaptation(ndim, scale, self.target_accept, adapt_metric=self.adapt_covariance,
-                                              first_window=self.first_window)
-        self._scale = float(scale)
+        self.start_adaptation(WindowedAdaptation(ndim, scale, self.target_accept, adapt_metric=self.adapt_covariance,
+                                                  first_window=self.first_window), scale)
         self.chol = None
 
-    @property
-    def scale(self) -> float:
-        """Current proposal scale."""
-        return self._scale
-
-    def step(
-        self,
-        state: ReplicaState,
-        target: TemperedTarget,
-        rng: np.random.Generator,
-        tune: bool,
-    ) -> tuple[ReplicaState, float]:
-        """One Metropolis update of the replica (see :meth:`ReplicaMove.step`)."""
-        if tune:
-            self._scale = self._adaptation.step
+    def transition(self, state: ReplicaState, target: TemperedTarget, rng: np.random.Generator,
+                    size: float) -> tuple[ReplicaState, float]:
+        """One Metropolis update of the replica with proposal scale ``size``."""
         noise = rng.standard_normal(self.ndim)
         if self.chol is not None:
             noise = self.chol @ noise
-        proposal = target.evaluate(state.x + self._scale * noise)
+        proposal = target.evaluate(state.x + size * noise)
         log_ratio = target.logp(proposal) - target.logp(state)
         accepted, accept_prob = metropolis_accept(log_ratio, rng)
-        new_state = proposal if accepted else state
-        if tune:
-            self._adapt(new_state.x, accept_prob)
-        return new_state, accept_prob
+        return (proposal if accepted else state), accept_prob
 
-    def _adapt(self, x: np.ndarray, accept_prob: float) -> None:
-        covariance = self._adaptation.update(accept_prob, x)
-        if covariance is None:
-            return
+    def use_metric(self, covariance: np.ndarray) -> None:
+        """The window's covariance becomes the proposal shape (unless it is not positive definite)."""
         try:
             self.chol = scipy.linalg.cholesky(covariance, lower=True)
         except np.linalg.LinAlgError:
             return  # keep the previous proposal shape; the next window may do better
         # A new metric invalidates the tuned scale; restart near the optimum.
         self._adaptation.restart(self._optimal_scale)
-
-    def stop_tuning(self) -> None:
-        """Fix the scale at its dual-averaged value."""
-        self._scale = self._adaptation.final_step

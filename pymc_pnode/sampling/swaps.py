@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SWAP_SCHEMES", "RoundTripCounter", "select_swap_pairs"]
+__all__ = ["SWAP_SCHEMES", "CommunicationCheck", "RoundTripCounter", "select_swap_pairs"]
 
 SWAP_SCHEMES = ("even_odd", "random_pair")
 
@@ -80,3 +80,60 @@ class RoundTripCounter:
         # Only walkers that came from the cold end can start a round trip at the hot end.
         if self.last_end[hot] == self._COLD:
             self.last_end[hot] = self._HOT
+
+
+class CommunicationCheck:
+    """Notices, after tuning, a ladder whose replicas do not communicate.
+
+    A pair of neighbouring replicas that almost never swaps, or a replica whose move almost never accepts,
+    cuts the cold chain off from the states of the hotter replicas: modes that only hot replicas find are
+    then never reached, and mode weights can be wrong while each replica looks well mixed. The mean
+    acceptances since the end of tuning are checked after 100, 200, 400, ... iterations; the first check
+    that finds a pair or a replica below ``min_acceptance`` returns a message, once per chain.
+
+    Parameters
+    ----------
+    n_replicas : int
+        Number of replicas.
+    min_acceptance : float, default 0.01
+        Mean acceptance below which a pair's swaps or a replica's moves count as stuck.
+    """
+
+    FIRST_CHECK = 100
+    MIN_ATTEMPTS = 10  # a pair's swap rate is judged after this many attempts
+
+    def __init__(self, n_replicas: int, min_acceptance: float = 0.01) -> None:
+        self.min_acceptance = float(min_acceptance)
+        self.move_accept_sum = np.zeros(n_replicas)
+        self.iterations = 0
+        self.next_check = self.FIRST_CHECK
+        self.reported = False
+
+    def record(self, replica_accept: np.ndarray, swap_rate: np.ndarray, swap_attempts: np.ndarray,
+               betas: np.ndarray) -> str | None:
+        """Add one iteration's move acceptances; a message if this iteration's check finds stuck replicas.
+
+        ``swap_rate`` and ``swap_attempts`` are the running mean acceptance and the number of attempts of
+        every pair since the end of tuning; ``betas`` label the replicas in the message.
+        """
+        self.move_accept_sum += replica_accept
+        self.iterations += 1
+        if self.reported or self.iterations < self.next_check:
+            return None
+        self.next_check *= 2
+        move_rate = self.move_accept_sum / self.iterations
+        pairs = np.flatnonzero((swap_attempts >= self.MIN_ATTEMPTS) & (swap_rate < self.min_acceptance))
+        replicas = np.flatnonzero(move_rate < self.min_acceptance)
+        if pairs.size == 0 and replicas.size == 0:
+            return None
+        self.reported = True
+        found = [f"replicas {k} and {k + 1} (beta {betas[k]:.3g}, {betas[k + 1]:.3g}) swapped in "
+                 f"{swap_rate[k]:.1%} of {swap_attempts[k]} attempts" for k in pairs]
+        found += [f"replica {k} (beta {betas[k]:.3g}) accepted {move_rate[k]:.1%} of its moves" for k in replicas]
+        return (
+            f"Parallel tempering after {self.iterations} iterations past tuning: " + "; ".join(found) + ". "
+            "The cold chain does not receive the hotter replicas' states, so modes found only there are not "
+            "sampled and mode weights can be wrong. Add replicas between those temperatures, tune longer, or "
+            "use another move for a replica that does not move."
+        )
+
