@@ -85,6 +85,45 @@ def _typeof_compiled_on_first_use(value, context):
     return nb.typeof(value.dispatcher, context.purpose)
 
 
+class VectorisedEntryPoint:
+    """A filter kernel called from Python without an explicit signature (``nb.njit(**INLINE_JIT)``, compiled per
+    argument types), whose compiles run with the SLP vectoriser as :class:`CompiledOnFirstUse`'s do.
+
+    Compiled outside that setting, such an entry point (``smooth``) was 3–6 % slower, and numba would cache the
+    filter helpers it inlines unvectorised for every later kernel (docs/benchmarks.md, "Which kernel compiles a
+    helper first"). The dispatcher's own compilation stays disabled, so a call with known types costs nothing
+    extra; one with new types fails to match, and is compiled here (or loaded from the disk cache).
+    """
+
+    def __init__(self, func):
+        self.dispatcher = nb.njit(**INLINE_JIT)(func)
+        functools.update_wrapper(self, func)
+
+    def __call__(self, *args):
+        dispatcher = self.dispatcher
+        if dispatcher.signatures:  # (compilation disabled after the first)
+            try:
+                return dispatcher(*args)
+            except TypeError:
+                types = tuple(dispatcher.typeof_pyval(a) for a in args)
+                if types in dispatcher.overloads:
+                    raise  # raised by the kernel itself
+        else:
+            types = tuple(dispatcher.typeof_pyval(a) for a in args)
+        with COMPILE_LOCK, slp_vectorization():
+            dispatcher.disable_compile(False)
+            try:
+                dispatcher.compile(types)
+            finally:
+                dispatcher.disable_compile(bool(dispatcher.signatures))  # (numba refuses it before a first one)
+        return dispatcher(*args)
+
+
+def vectorised_entry_point(func) -> VectorisedEntryPoint:
+    """Decorator: :class:`VectorisedEntryPoint`."""
+    return VectorisedEntryPoint(func)
+
+
 def compile_on_first_use(signature, **options):
     """Decorator: ``nb.njit(signature, **options)``, deferred to the first call (:class:`CompiledOnFirstUse`)."""
     return lambda func: CompiledOnFirstUse(func, signature, options)

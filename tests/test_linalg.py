@@ -106,3 +106,34 @@ def test_kernels_that_inline_filter_helpers_compile_with_the_slp_vectoriser(monk
     plain_kernel = _jit.compile_on_first_use((nb.float64,), **dict(_jit.JIT, cache=False))(add_one)
     assert inline_kernel(1.0) == 2.0 and plain_kernel(1.0) == 2.0
     assert seen == [1, before] and nb.config.SLP_VECTORIZE == before
+
+
+def _add_one(x):
+    return x + 1.0
+
+
+def test_python_entry_points_compile_with_the_slp_vectoriser(monkeypatch):
+    """``smooth``, ``sample_backward`` and ``interpolate`` compile per argument types when first called from
+    Python; each compile runs with the SLP vectoriser, a known call compiles nothing, bad types still fail."""
+    from numba.core.errors import TypingError
+
+    from pymc_pnode import _jit
+    from pymc_pnode.filtering import smoother
+
+    assert all(isinstance(f, _jit.VectorisedEntryPoint)
+               for f in (smoother.smooth, smoother.sample_backward, smoother.interpolate))
+    entry = _jit.VectorisedEntryPoint(_add_one)
+    seen, compile_types = [], entry.dispatcher.compile
+
+    def recording_compile(types):
+        seen.append(nb.config.SLP_VECTORIZE)
+        return compile_types(types)
+
+    monkeypatch.setattr(entry.dispatcher, "compile", recording_compile)
+    before = nb.config.SLP_VECTORIZE
+    with pytest.raises(TypingError):
+        entry("x")
+    assert entry(1.0) == 2.0 and entry(2.0) == 3.0
+    assert entry(np.arange(2.0)).tolist() == [1.0, 2.0]  # new types: compiled again
+    assert seen == [1, 1, 1] and nb.config.SLP_VECTORIZE == before
+    assert len(entry.dispatcher.overloads) == 2

@@ -16,7 +16,7 @@ from collections import namedtuple
 import numba as nb
 import numpy as np
 
-from pymc_pnode._jit import INLINE_JIT
+from pymc_pnode._jit import INLINE_JIT, vectorised_entry_point
 from pymc_pnode.filtering.linalg import (
     copy_transposed,
     matmul,
@@ -236,7 +236,7 @@ def push_through_kernel(kernel: BackwardKernel, mu: np.ndarray, r: np.ndarray, m
     copy_transposed(mt, dd, r_out, 0)
 
 
-@nb.njit(**INLINE_JIT)
+@vectorised_entry_point
 def smooth(ts, mus, rs, kappas, q: int, d: int, rq: np.ndarray):
     """RTS smoothing through backward kernels. Returns smoothed means and roots and the kernels ``(gs, ds, lams)``."""
     n_pts, dd = mus.shape
@@ -255,7 +255,7 @@ def smooth(ts, mus, rs, kappas, q: int, d: int, rq: np.ndarray):
     return mus_s, rs_s, BackwardKernel(gs, ds, lams)
 
 
-@nb.njit(**INLINE_JIT)
+@vectorised_entry_point
 def sample_backward(mu_last, r_last, kernels: BackwardKernel, z):
     """Joint samples of the grid states, ``z`` standard normal of shape ``(n, N, D)``."""
     gs, ds, lams = kernels
@@ -278,7 +278,7 @@ def sample_backward(mu_last, r_last, kernels: BackwardKernel, z):
     return out
 
 
-@nb.njit(**INLINE_JIT)
+@vectorised_entry_point
 def interpolate(t, ts, mus, rs, kappas, smoothed, rq: np.ndarray, q: int, d: int, out):
     """Smoothed posterior ``out = (mean, root)`` at a time ``t`` inside the grid (Bosch, 2024, PhD thesis).
 
