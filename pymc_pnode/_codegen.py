@@ -98,7 +98,8 @@ _MATH_UNARY = {
     "Sigmoid": "_sigmoid", "Softplus": "_softplus", "Sign": "_sign", "Log1mexp": "_log1mexp",
     "Gamma": "math.gamma", "GammaLn": "math.lgamma",
 }
-# Source templates of the other scalar operations over their arguments {0}, {1}, {2}.
+# Source of every other scalar operation (the variadic infix ones and Pow are written by _scalar_expr) from its
+# arguments {0}, {1}, {2}.
 _TEMPLATES = {
     **{name: fn + "({0})" for name, fn in _MATH_UNARY.items()},
     **{name: f"({{0}} {sym} {{1}})" for name, sym in
