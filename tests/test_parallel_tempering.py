@@ -579,8 +579,8 @@ def test_communication_check_names_a_replica_that_does_not_move() -> None:
     rates, attempts, betas = np.array([0.4, 0.3]), np.array([50, 50]), np.array([1.0, 0.3, 0.1])
     for _ in range(CommunicationCheck.FIRST_CHECK - 1):
         assert check.record(np.array([0.5, 0.4, 0.005]), rates, attempts, betas) is None
-    message = check.record(np.array([0.5, 0.4, 0.005]), rates, attempts, betas)
-    assert "replica 2 (beta 0.1) accepted 0.5% of its moves" in message
+    message = check.record(np.array([0.5, 0.4, 0.005]), rates, attempts, betas, {"ladder_kappa": [1.0, 4.0, 16.0]})
+    assert "replica 2 (beta 0.1, kappa 16) accepted 0.5% of its moves" in message
     assert "replicas 0 and 1" not in message
     for _ in range(300):  # once per chain
         assert check.record(np.zeros(3), np.zeros(2), attempts, betas) is None

@@ -474,7 +474,8 @@ class ParallelTempering(ArrayStepShared):
         swap_rate = self.swap_prob_sum / np.maximum(self.swap_attempts, 1)
         warning = None
         if not self.tune:
-            message = self.communication.record(replica_accept, swap_rate, self.swap_attempts, self.betas)
+            message = self.communication.record(replica_accept, swap_rate, self.swap_attempts, self.betas,
+                                                self._ladder_stats)
             if message is not None:
                 warning = SamplerWarning(WarningType.BAD_ACCEPTANCE, message, "warn")
         cold = self.replicas[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 __all__ = ["SWAP_SCHEMES", "CommunicationCheck", "RoundTripCounter", "select_swap_pairs"]
@@ -110,11 +112,12 @@ class CommunicationCheck:
         self.reported = False
 
     def record(self, replica_accept: np.ndarray, swap_rate: np.ndarray, swap_attempts: np.ndarray,
-               betas: np.ndarray) -> str | None:
+               betas: np.ndarray, ladders: Mapping[str, np.ndarray] | None = None) -> str | None:
         """Add one iteration's move acceptances; a message if this iteration's check finds stuck replicas.
 
         ``swap_rate`` and ``swap_attempts`` are the running mean acceptance and the number of attempts of
-        every pair since the end of tuning; ``betas`` label the replicas in the message.
+        every pair since the end of tuning; ``betas`` and the per-replica values of any shared-variable
+        ladder (``{"ladder_<name>": values}``, as the sampler's statistics) label the replicas in the message.
         """
         self.move_accept_sum += replica_accept
         self.iterations += 1
@@ -127,9 +130,14 @@ class CommunicationCheck:
         if pairs.size == 0 and replicas.size == 0:
             return None
         self.reported = True
-        found = [f"replicas {k} and {k + 1} (beta {betas[k]:.3g}, {betas[k + 1]:.3g}) swapped in "
-                 f"{swap_rate[k]:.1%} of {swap_attempts[k]} attempts" for k in pairs]
-        found += [f"replica {k} (beta {betas[k]:.3g}) accepted {move_rate[k]:.1%} of its moves" for k in replicas]
+        ladders = {name.removeprefix("ladder_"): values for name, values in (ladders or {}).items()}
+
+        def label(k: int) -> str:
+            return ", ".join([f"beta {betas[k]:.3g}"] + [f"{name} {values[k]:.3g}" for name, values in ladders.items()])
+
+        found = [f"replicas {k} and {k + 1} ({label(k)}; {label(k + 1)}) swapped in {swap_rate[k]:.1%} of "
+                 f"{swap_attempts[k]} attempts" for k in pairs]
+        found += [f"replica {k} ({label(k)}) accepted {move_rate[k]:.1%} of its moves" for k in replicas]
         return (
             f"Parallel tempering after {self.iterations} iterations past tuning: " + "; ".join(found) + ". "
             "The cold chain does not receive the hotter replicas' states, so modes found only there are not "
