@@ -147,7 +147,11 @@ class SolverDiagnostics:
         Evaluations that returned ``-inf``: non-finite values, a diverging fixed step, ``max_steps``
         reached or a collapsing adaptive step. Fixed-step failures warn too (once), as inside a sampler
         they only show as divergences; error-controlled solves fail where the ODE has no solution over
-        the data's time span (a blow-up), where ``-inf`` is the right value.
+        the data's time span (a blow-up), where ``-inf`` is the right value, so they warn (once) only
+        while no evaluation has succeeded yet: then the likelihood is ``-inf`` wherever it was tried,
+        and the warning says why (``last_failure``).
+    last_failure : str
+        Why the latest failed solve stopped and where (e.g. "step size became too small ... at t = 10").
     n_unreliable_gradient : int
         Evaluations (among ``n_failed``) refused (``-inf``) because their derivatives were rounding noise: the
         kernel's rounding bound was large and the derivatives changed when recomputed with other rounding
@@ -171,6 +175,7 @@ class SolverDiagnostics:
     n_failed: int = 0
     n_unreliable_gradient: int = 0
     max_error: float = 0.0
+    last_failure: str = ""
     _warned: bool = field(default=False, repr=False)
     _warned_gradient: bool = field(default=False, repr=False)
     key: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
@@ -272,9 +277,10 @@ class SolverDiagnostics:
         return self.n_over_tolerance, self.n_failed, self.n_unreliable_gradient
 
     def record(self, n_steps: int, n_rejected: int, max_error: float, failed: bool, warn: bool = True,
-               unreliable_gradient: bool = False) -> None:
-        """Count one evaluation; warn (if ``warn``) the first time a fixed step misses the tolerances and the
-        first time a gradient is refused (``unreliable_gradient``: a failure of that kind)."""
+               unreliable_gradient: bool = False, failure: str = "") -> None:
+        """Count one evaluation; warn (if ``warn``) the first time a fixed step misses the tolerances, the
+        first time a gradient is refused (``unreliable_gradient``: a failure of that kind), and an
+        error-controlled failure while no evaluation has succeeded. ``failure`` says why a failed solve stopped."""
         if os.getpid() != self._counting_pid:
             self._count_in_this_process()
         self.n_evaluations += 1
@@ -291,7 +297,11 @@ class SolverDiagnostics:
             return
         if failed:
             self.n_failed += 1
+            self.last_failure = failure or self.last_failure
             if self.step is None:  # error control fails only without a solution over the span (or at max_steps)
+                if warn and not self._warned and self.n_failed == self.n_evaluations:
+                    self._warned = True
+                    warnings.warn(self.message(), AccuracyWarning, stacklevel=3)
                 return
         else:
             self.max_error = max(self.max_error, float(max_error))
@@ -305,14 +315,23 @@ class SolverDiagnostics:
     def message(self) -> str:
         """What went wrong, with counts (and, for a fixed step, a suggested step)."""
         parts = []
+        why = f" (the latest: {self.last_failure})" if self.last_failure else ""
         if self.step is not None and (self.n_over_tolerance or self.n_failed > self.n_unreliable_gradient):
             advice = (f"Use step={self.suggested_step:.3g} or smaller, or step=None for error-controlled steps."
                       if self.suggested_step else "Use a smaller step, or step=None for error-controlled steps.")
             parts.append(
                 f"the fixed step {self.step:g} misses the tolerances at {self.n_over_tolerance} and fails (-inf: "
                 f"non-finite, diverging or over max_steps) at {self.n_failed - self.n_unreliable_gradient} of "
-                f"{self.n_evaluations} evaluations so far (largest scaled local error {self.max_error:.3g}; 1 = at "
-                f"tolerance). Where it misses them the likelihood can be far from the exact one. {advice}"
+                f"{self.n_evaluations} evaluations so far{why} (largest scaled local error "
+                f"{self.max_error:.3g}; 1 = at tolerance). Where it misses them the likelihood can be far from the "
+                f"exact one. {advice}"
+            )
+        if self.step is None and self.n_failed > self.n_unreliable_gradient:
+            parts.append(
+                f"error-controlled steps failed (-inf) at {self.n_failed - self.n_unreliable_gradient} of "
+                f"{self.n_evaluations} evaluations so far{why}. That is right where the ODE has no solution over "
+                f"the span; otherwise check y0, theta and max_steps. At a jump of the vector field in t (a switched "
+                f"input) the step can collapse: a fixed step passes it."
             )
         if self.n_unreliable_gradient:
             parts.append(
@@ -333,4 +352,5 @@ class SolverDiagnostics:
             "n_unreliable_gradient": self.n_unreliable_gradient,
             "max_error": self.max_error,
             "suggested_step": self.suggested_step,
+            "last_failure": self.last_failure,
         }

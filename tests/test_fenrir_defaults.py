@@ -196,9 +196,25 @@ def test_max_steps_and_blow_up_give_minus_infinity_and_are_counted(fhn_ode):
     times = np.linspace(0.5, 6.0, 12)
     data = np.sin(times)[:, None]
     capped = _problem(fhn_ode, times, data, StepControl(None, max_steps=10), DIFFUSION_LOCAL)
-    terms, grad = capped.evaluate([-1.0, 1.0], [0.2, 0.2, 3.0], data, 0.1, 1.0, cotangent=np.ones(times.size))
+    # While nothing has succeeded, an error-controlled failure warns (once) and says why and where it stopped.
+    with pytest.warns(pn.AccuracyWarning, match=r"failed \(-inf\) at 1 of 1 evaluations so far \(the latest: "
+                      r"maximum number of steps reached, at t = ") as record:
+        terms, grad = capped.evaluate([-1.0, 1.0], [0.2, 0.2, 3.0], data, 0.1, 1.0, cotangent=np.ones(times.size))
     assert np.all(terms == -np.inf) and np.all(grad == 0.0)
     assert capped.diagnostics.n_failed == 1
+    stopped_at = float(str(record[0].message).split("at t = ")[1].split(")")[0])
+    assert 0.0 < stopped_at < times[-1]  # the last accepted point of the 10 steps
+    assert capped.diagnostics.as_dict()["last_failure"].endswith(f"at t = {stopped_at:.6g}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        capped.evaluate([-1.0, 1.0], [0.2, 0.2, 3.0], data, 0.1, 1.0)
+    # After a success, failures of error control are the ODE's (-inf where it has no solution): no warning.
+    solvable = _problem(fhn_ode, times, data, StepControl(None), DIFFUSION_LOCAL)
+    assert np.all(np.isfinite(solvable.evaluate([-1.0, 1.0], [0.2, 0.2, 3.0], data, 0.1, 1.0)[0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        assert np.all(solvable.evaluate([np.nan, 1.0], [0.2, 0.2, 3.0], data, 0.1, 1.0)[0] == -np.inf)
+    assert solvable.diagnostics.n_failed == 1
 
 
 def test_guard_warns_on_a_coarse_step_before_sampling_and_stays_quiet_on_a_fine_one(fhn_ode):

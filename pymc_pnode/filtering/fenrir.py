@@ -519,7 +519,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
                                   control, stops, True)
         info[0], info[2], info[3], info[4] = stats.max_error, stats.n_steps, stats.n_rejected, stats.status
         if stats.status != STATUS_SUCCESS:
-            return terms, grad, False, info, stops[:1]
+            return terms, grad, False, info, run.grid  # the grid up to where the solve stopped
         n_pts = run.grid.shape[0]
         if mode == DIFFUSION_GLOBAL:
             kappa = global_kappa(stats.stat_sum, n_pts - 1, d)

@@ -24,7 +24,7 @@ from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import RESCALE, AccuracyWarning, SolverDiagnostics, needs_rounding_check, reproducible
 from pymc_pnode.filtering.fenrir import FenrirArguments, FenrirFunctions, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
-from pymc_pnode.filtering.stepping import Stepping
+from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS, Stepping
 from pymc_pnode.filtering.structure import DENSE, STRUCTURES, initial_root
 from pymc_pnode.ode import ODE
 from pymc_pnode.solve import ODEFilter, fixed_grid, solve, validate_filter, validate_ode
@@ -219,6 +219,7 @@ class FenrirProblem:
         n_steps = n_rejected = 0
         max_err = math.nan
         unreliable = False
+        failure = ""
         grid = self.grid[:1]
         if ok:
             arguments = FenrirArguments(
@@ -227,12 +228,15 @@ class FenrirProblem:
             )
             terms, grad, ok, info, grid = self.kernel(self.functions, arguments, self.initial_root)
             max_err, n_steps, n_rejected = info[0], int(info[2]), int(info[3])
+            if int(info[4]) != STATUS_SUCCESS:
+                failure = f"{STATUS_MESSAGES[int(info[4])]}, at t = {grid[-1]:.6g}"
             if ok and want_grad and needs_rounding_check(info[5]):
                 ok = self._gradient_reproducible(arguments, grad)
                 unreliable = not ok
         (self.diagnostics if diagnostics is None else diagnostics).record(n_steps, n_rejected, max_err,
                                                                           failed=not ok, warn=warn,
-                                                                          unreliable_gradient=unreliable)
+                                                                          unreliable_gradient=unreliable,
+                                                                          failure=failure)
         if not ok:
             terms = np.full(data.shape[0], -np.inf)
             grad = np.zeros(self.n_directions)
