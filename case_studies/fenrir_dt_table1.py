@@ -91,9 +91,9 @@ def _lotka_volterra4_np(t, y, p):
 HH_FIXED = dict(C=1.0, area=8.3e-5, g_na=25.0, g_k=7.0, e_na=53.0, e_k=-107.0, g_leak=0.1, e_leak=-70.0,
                 v_t=-60.0, current=210e-6)  # current in µA (210 pA)
 HH_FREE = ("g_na", "g_k", "g_leak")  # the first 1, 2 or 3 are estimated (DT Table 6)
-# The paper's step 0.01 fails the package's fixed-step divergence test for g_Na > 33 (58 % of the box) and errs by
-# 7.8 mV at the truth (fenrir_dt_table1.ipynb); error-controlled steps collapse at the stimulus onset. Half the step
-# fails only for g_Na in about [40, 43].
+# The paper's step 0.01 fails the package's fixed-step divergence test on half of the g_Na box (from 21 up) and errs by
+# 7.8 mV at the truth; error-controlled steps collapse at the stimulus onset; half the step fails at 12 % of the box
+# (scattered between 39 and 80; fenrir_dt_table1.ipynb measures all three).
 HH_STEP = 0.005
 
 
