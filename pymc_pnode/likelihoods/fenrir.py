@@ -228,8 +228,8 @@ class FenrirProblem:
             )
             terms, grad, ok, info, grid = self.kernel(self.functions, arguments, self.initial_root)
             max_err, n_steps, n_rejected = info[0], int(info[2]), int(info[3])
-            if int(info[4]) != STATUS_SUCCESS:
-                failure = f"{STATUS_MESSAGES[int(info[4])]}, at t = {grid[-1]:.6g}"
+            if int(info[4]) != STATUS_SUCCESS:  # a failed forward pass returns its grid up to where it stopped
+                failure = STATUS_MESSAGES[int(info[4])] + (f", at t = {grid[-1]:.6g}" if grid.size > 1 else "")
             if ok and want_grad and needs_rounding_check(info[5]):
                 ok = self._gradient_reproducible(arguments, grad)
                 unreliable = not ok
