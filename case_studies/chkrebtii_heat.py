@@ -160,9 +160,10 @@ class SpaceTimeSolver:
 
     Data vector: ``u_t`` at every node at the grid times, ordered time-major (at both ends the exact
     pseudo-data ``u_t = 0`` of the boundary conditions). ``chol`` is the lower Cholesky factor of its
-    covariance plus the noise (built step by step, the noise rule evaluated on the fly); ``gain[n]`` maps
-    the whitened data of steps ``< n`` to the predictive mean of ``u_xx`` at the interior nodes at step
-    ``n``; ``drift_sd[n]`` is a square root of that prediction's covariance; ``state_gain`` and
+    covariance plus the noise (built step by step, the noise rule evaluated on the fly); the rows
+    :meth:`interior_rows` ``(n)`` of ``drift_gain`` map the whitened data of steps ``< n`` to the predictive mean
+    of ``u_xx`` at the interior nodes at step ``n`` (its other rows, the boundaries', are zero: it is the
+    ``E G`` of :meth:`moments`); ``drift_sd[n]`` is a square root of that prediction's covariance; ``state_gain`` and
     ``state_sd`` give the state at the data grid from all whitened data. ``precision`` is the α it was
     built with.
     """
@@ -171,7 +172,7 @@ class SpaceTimeSolver:
     n_time: int
     precision: float
     chol: np.ndarray
-    gain: np.ndarray  # (n_time, n_interior, n_time * n_data_nodes), zero beyond step n
+    drift_gain: np.ndarray  # (n_time * n_space, n_time * n_space), strictly block lower
     drift_sd: np.ndarray  # (n_time, n_interior, n_interior)
     state_gain: np.ndarray  # (n_obs, n_time * n_data_nodes)
     state_sd: np.ndarray  # (n_obs, n_obs)
@@ -204,13 +205,13 @@ class SpaceTimeSolver:
         _, xo, co = prior_covariances("uniform", lam, precision, s, td)
 
         chol = np.zeros((m, m))
-        gain = np.zeros((n_time, ni, m))
+        drift_gain = np.zeros((m, m))
         drift_sd = np.zeros((n_time, ni, ni))
         for n in range(n_time):
             prev, blk = slice(0, n * nd), slice(n * nd, (n + 1) * nd)
             # u_xx at step n given the data of steps < n (time-major data: np.kron(time, space)).
             g = _whiten(chol[prev, prev], np.kron(xs[n, :n][None, :], xx_data))
-            gain[n, :, prev] = g
+            drift_gain[n * nd + 1 : (n + 1) * nd - 1, prev] = g
             drift_sd[n] = _psd_sqrt(xx_xx * cs[n, n] - g @ g.T)
             # The data block of step n; noise = its predictive variance (the paper's rule), except for the
             # exact first interrogation and the boundary pseudo-data u_t(1, s_n) = 0.
@@ -225,20 +226,16 @@ class SpaceTimeSolver:
         state_sd = _psd_sqrt(np.kron(co, state_state) - state_gain @ state_gain.T)
         u0 = np.sin(np.pi * xd)
         u0[-1] = 0.0
-        return cls(n_space, n_time, precision, chol, gain, drift_sd, state_gain, state_sd, np.tile(u0, td.size),
+        return cls(n_space, n_time, precision, chol, drift_gain, drift_sd, state_gain, state_sd, np.tile(u0, td.size),
                    -np.pi**2 * np.sin(np.pi * interior))
 
     @property
     def n_interior(self) -> int:
         return self.n_space - 2
 
-    def _drift_matrix(self) -> np.ndarray:
-        """``E gain`` as one strictly block-lower ``m × m`` matrix (u_xx rows padded by the boundary's zero)."""
-        nd = self.n_space
-        out = np.zeros((self.chol.shape[0], self.chol.shape[0]))
-        for n in range(self.n_time):
-            out[n * nd + 1 : (n + 1) * nd - 1] = self.gain[n]
-        return out
+    def interior_rows(self, n: int) -> slice:
+        """The entries of step ``n``'s interior nodes in the time-major data vector."""
+        return slice(n * self.n_space + 1, (n + 1) * self.n_space - 1)
 
     def moments(self, kappa: float) -> tuple[np.ndarray, np.ndarray]:
         """Mean and covariance of the realisation at the data grid (time-major) for conductivity ``kappa``.
@@ -246,13 +243,13 @@ class SpaceTimeSolver:
         With ``e`` the whitened data, ``L e = κ E (u0'' + G e + D z)``, so ``e = κ (L - κ E G)^{-1} E (u0'' + D z)``
         (a lower-triangular solve) and the state ``u0 + H e + C^{1/2} z'`` is Gaussian.
         """
-        nd, ni = self.n_space, self.n_interior
-        system = self.chol - kappa * self._drift_matrix()
+        ni = self.n_interior
+        system = self.chol - kappa * self.drift_gain
         weights = solve_triangular(system.T, self.state_gain.T, lower=False).T  # H (L - κ E G)^{-1}
         mean = self.state_prior_mean.copy()
         spread = np.empty((weights.shape[0], self.n_time * ni))
         for n in range(self.n_time):
-            w_n = weights[:, n * nd + 1 : (n + 1) * nd - 1]
+            w_n = weights[:, self.interior_rows(n)]
             mean += kappa * w_n @ self.drift_prior_mean
             spread[:, n * ni : (n + 1) * ni] = kappa * w_n @ self.drift_sd[n]
         return mean, spread @ spread.T + self.state_sd @ self.state_sd.T
@@ -266,7 +263,8 @@ class SpaceTimeSolver:
             e = np.zeros(self.chol.shape[0])
             for n in range(self.n_time):
                 blk = slice(n * nd, (n + 1) * nd)
-                drift = self.drift_prior_mean + self.gain[n] @ e + self.drift_sd[n] @ rng.normal(size=ni)
+                drift = (self.drift_prior_mean + self.drift_gain[self.interior_rows(n)] @ e
+                         + self.drift_sd[n] @ rng.normal(size=ni))
                 f = np.concatenate([[0.0], kappa * drift, [0.0]])
                 rhs = f - self.chol[blk, : n * nd] @ e[: n * nd]
                 e[blk] = solve_triangular(self.chol[blk, blk], rhs, lower=True)
