@@ -327,11 +327,11 @@ class SolverDiagnostics:
                 f"exact one. {advice}"
             )
         if self.step is None and self.n_failed > self.n_unreliable_gradient:
+            advice = "" if "jump of the vector field in t" in (self.last_failure or "") else (
+                " That is right where the ODE has no solution over the span; otherwise check y0, theta and max_steps.")
             parts.append(
                 f"error-controlled steps failed (-inf) at {self.n_failed - self.n_unreliable_gradient} of "
-                f"{self.n_evaluations} evaluations so far{why}. That is right where the ODE has no solution over "
-                f"the span; otherwise check y0, theta and max_steps. At a jump of the vector field in t (a switched "
-                f"input) the step can collapse: a fixed step passes it."
+                f"{self.n_evaluations} evaluations so far{why}.{advice}"
             )
         if self.n_unreliable_gradient:
             parts.append(

@@ -16,6 +16,7 @@ __all__ = [
     "as_positive_int",
     "validate_bounds",
     "validate_data",
+    "validate_discontinuities",
     "validate_noise",
     "validate_obs_matrix",
     "validate_step",
@@ -77,6 +78,20 @@ def validate_times(
     if span is not None and (arr[0] < span[0] or arr[-1] > span[1]):
         raise ValueError(f"{name} must lie inside t_span={span}, got [{arr[0]}, {arr[-1]}]")
     return np.ascontiguousarray(arr)
+
+
+def validate_discontinuities(value, start: float, end: float, name: str = "discontinuities") -> np.ndarray:
+    """Times at which the vector field may jump: finite; sorted and deduplicated here. Only those strictly inside
+    ``(start, end)`` matter to a solve over that span and are returned."""
+    if value is None:
+        return np.empty(0)
+    arr = np.atleast_1d(as_float_array(value, name))
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-d sequence of times, got shape {np.shape(value)}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, it contains NaN or ±inf")
+    arr = np.unique(arr)
+    return np.ascontiguousarray(arr[(arr > start) & (arr < end)])
 
 
 def validate_t_span(t_span) -> tuple[float, float]:

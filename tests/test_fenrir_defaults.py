@@ -16,7 +16,7 @@ from scipy.stats import norm
 import pymc_pnode as pn
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import propose_step
-from pymc_pnode.likelihoods.fenrir import FenrirProblem, StepControl
+from pymc_pnode.likelihoods.fenrir import FenrirProblem, Segment, StepControl
 
 
 def relaxation_oscillator(y, t, p):
@@ -163,8 +163,8 @@ def test_error_controlled_gradient_is_exact_for_the_chosen_grid(fhn_ode):
 
 def _on_grid(problem, grid, times):
     """The same likelihood on a given fixed grid."""
-    return FenrirProblem(problem.ode, problem.solver, times, grid, _obs_index(grid, times), problem.obs_matrix,
-                         problem.missing, problem.n_sigma, StepControl(1.0), problem.diffusion_mode,
+    return FenrirProblem(problem.ode, problem.solver, times, (Segment(grid, _obs_index(grid, times)),),
+                         problem.obs_matrix, problem.missing, problem.n_sigma, StepControl(1.0), problem.diffusion_mode,
                          pn.SolverDiagnostics())
 
 

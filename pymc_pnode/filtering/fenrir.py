@@ -101,11 +101,12 @@ FenrirFunctions = namedtuple("FenrirFunctions", ["rhs", "jac_y", "jac_p", "hess_
 _FENRIR_FUNCTIONS_T = nb.types.NamedUniTuple(FN, 6, FenrirFunctions)  # (typeof of a homogeneous namedtuple)
 # Everything else the kernel takes. ``stops`` are the grid (fixed steps) or the stops the error-controlled
 # steps must hit; ``stop_obs[j]`` is the data row observed at ``stops[j]`` (or -1). ``control.h0`` is
-# ignored (the kernel chooses the first step).
+# ignored (the kernel chooses the first step). ``end_cotangent`` (length d) is a cotangent on the solution
+# mean at the last stop, added to ``cotangent · terms`` (a later segment restarted from that mean depends on it).
 FenrirArguments = namedtuple(
     "FenrirArguments",
     ["y0", "theta", "rq", "ek1", "kappa", "diffusion_mode", "control", "stops", "stop_obs", "data", "cmat", "sigma",
-     "sigma_dir", "n_sigma", "want_grad", "cotangent"],
+     "sigma_dir", "n_sigma", "want_grad", "cotangent", "end_cotangent"],
 )
 # The backward Kalman filter's states before and after the data at each grid point, and its gains.
 DataFilterRun = namedtuple("DataFilterRun", ["m_pre", "r_pre", "m_post", "r_post", "gs"])
@@ -122,7 +123,7 @@ def _fenrir_signature(structure: str) -> tuple:
     arguments = nb.types.NamedTuple(
         [nb.float64[::1], nb.float64[::1], nb.float64[:, ::1], nb.boolean, nb.float64, nb.int64, STEPPING_T,
          nb.float64[::1], nb.int64[::1], nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[::1], nb.int64[::1],
-         nb.int64, nb.boolean, nb.float64[::1]],
+         nb.int64, nb.boolean, nb.float64[::1], nb.float64[::1]],
         FenrirArguments,
     )
     root = nb.float64[:, ::1] if structure == DENSE else nb.float64[:, :, ::1]
@@ -471,7 +472,8 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
         the chosen grid. ``data`` rows may contain NaN (missing components are skipped); the observation is
         ``data[i] = cmat @ y(t_i) + noise`` with independent noise of standard deviation ``sigma[c]`` per
         component ``c``, which is parameter ``sigma_dir[c]`` of ``n_sigma``. With ``want_grad`` the gradient
-        of ``cotangent · terms`` with respect to ``(y0, θ, noise scales, κ)`` is returned (reverse mode).
+        of ``cotangent · terms + end_cotangent · y_end`` with respect to ``(y0, θ, noise scales, κ)`` is
+        returned (reverse mode).
 
         ``diffusion_mode`` (``odefilter.DIFFUSION_*``): ``FIXED`` uses the argument ``κ``. ``GLOBAL``
         ignores it: the filter runs at unit diffusion, ``κ̂ = Σ_n ẑ_nᵀ S_n⁻¹ ẑ_n / (N d)`` (the global
@@ -486,10 +488,11 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
 
         Every step's scaled local error estimate is computed; its maximum over the grid is reported.
 
-        Returns ``(terms, grad, ok, info, grid)`` with the solver grid and ``info = [largest scaled local
-        error of an accepted step, κ used, accepted steps, rejected steps, status]`` (status codes of
-        ``stepping``); ``ok`` is False when the solve failed: non-finite values, a fixed step that fails
-        :func:`~pymc_pnode.filtering.stepping.fixed_step_failed`, ``max_steps`` reached or a collapsing step.
+        Returns ``(terms, grad, ok, info, grid, y_end)`` with the solver grid, the solution mean ``y_end`` at
+        the last stop and ``info = [largest scaled local error of an accepted step, κ used, accepted steps,
+        rejected steps, status]`` (status codes of ``stepping``); ``ok`` is False when the solve failed:
+        non-finite values, a fixed step that fails :func:`~pymc_pnode.filtering.stepping.fixed_step_failed`,
+        ``max_steps`` reached, a collapsing step or a jump of ``f`` in ``t``.
         """
         rhs, jac_y, jac_p, hess_contract, taylor, taylor_vjp = functions
         theta, stops, rq = args.theta, args.stops, args.rq
@@ -500,6 +503,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
         terms = np.zeros(n_obs)
         grad = np.zeros(d + k + args.n_sigma + 1)
         info = np.zeros(6)
+        y_end = np.zeros(d)
         field = VectorField(rhs, jac_y, theta, args.ek1)
 
         # ---------------------------------------------------------------- forward ODE filter
@@ -507,7 +511,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
         call(taylor, args.y0, stops[0], theta, coeffs)
         mu0 = coeffs.reshape(dd).copy()
         if not all_finite(mu0):
-            return terms, grad, False, info, stops[:1]
+            return terms, grad, False, info, stops[:1], y_end
         c = args.control
         h0 = math.inf
         if c.adaptive:
@@ -519,12 +523,12 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
                                   control, stops, True)
         info[0], info[2], info[3], info[4] = stats.max_error, stats.n_steps, stats.n_rejected, stats.status
         if stats.status != STATUS_SUCCESS:
-            return terms, grad, False, info, run.grid  # the grid up to where the solve stopped
+            return terms, grad, False, info, run.grid, y_end  # the grid up to where the solve stopped
         n_pts = run.grid.shape[0]
         if mode == DIFFUSION_GLOBAL:
             kappa = global_kappa(stats.stat_sum, n_pts - 1, d)
             if math.isnan(kappa):
-                return terms, grad, False, info, stops[:1]
+                return terms, grad, False, info, stops[:1], y_end
             rescale_roots(run, kappa)
         info[1] = kappa
         # Local calibration, second pass: the filter again over the grid with κ_n from the unit-diffusion
@@ -535,7 +539,8 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
             run, finite = refilter(field, unit_run, rq, q, d, unit_run.local_kappa)
             if not finite:
                 info[4] = STATUS_NONFINITE
-                return terms, grad, False, info, stops[:1]
+                return terms, grad, False, info, stops[:1], y_end
+        y_end[:] = run.mu[n_pts - 1, :d]
         obs_at = np.empty(n_pts, dtype=np.int64)
         stop, stop_obs = run.stop, args.stop_obs
         for n in range(n_pts):
@@ -550,9 +555,9 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
         else:
             dep, finite = _block_data_phase(run, obs_at, args, rq, q, d, terms, grad[d + k:kdir])
         if not finite:
-            return terms, grad, False, info, stops[:1]
+            return terms, grad, False, info, stops[:1], y_end
         if not args.want_grad:
-            return terms, grad, True, info, run.grid
+            return terms, grad, True, info, run.grid, y_end
 
         # ---------------------------------------------------------------- reverse sweep
         for n in range(1, n_pts):
@@ -565,6 +570,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
         derivs = FieldDerivatives(jac_p, hess_contract)
         second = n_pts > 1 and ((mode == DIFFUSION_GLOBAL and kappa > KAPPA_FLOOR) or mode == DIFFUSION_LOCAL)
         sweep_run, start, deposits = run, Cotangent(dep.mean[n_pts - 1], dep.cov[n_pts - 1]), dep
+        start.mean[:d] += args.end_cotangent
         sweep = (0.0, KBAR_STORE if mode == DIFFUSION_LOCAL else KBAR_ADD)
         for n_sweep in range(2 if second else 1):  # one call site: the sweep is inlined once
             if n_sweep == 1:
@@ -584,13 +590,13 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
                                                               sweep, grad)
             info[5] = max(info[5], rounding)
             if not finite:
-                return terms, grad, False, info, stops[:1]
+                return terms, grad, False, info, stops[:1], y_end
             _initial_state_adjoint(taylor_vjp, args, stops[0], bar.mean, q, d, grad)
         if mode != DIFFUSION_FIXED:
             grad[kdir] = 0.0  # the calibrated diffusion replaces the κ argument
         if not all_finite(grad):
-            return terms, grad, False, info, stops[:1]
-        return terms, grad, True, info, run.grid
+            return terms, grad, False, info, stops[:1], y_end
+        return terms, grad, True, info, run.grid, y_end
 
     with slp_vectorization():  # compiles now (explicit signature), or loads from the disk cache
         return nb.njit(_fenrir_signature(structure), **INLINE_JIT)(fenrir_terms)

@@ -21,7 +21,9 @@ from pymc_pnode.filtering.calibration import floored_kappa, local_error, local_e
 from pymc_pnode.filtering.linalg import all_finite
 from pymc_pnode.filtering.prior import apply_transition, set_step
 from pymc_pnode.filtering.stepping import (
+    JUMP_KAPPA_RATIO,
     STATUS_DIVERGED,
+    STATUS_JUMP_IN_T,
     STATUS_NONFINITE,
     STATUS_SUCCESS,
     STEPPING_T,
@@ -29,6 +31,7 @@ from pymc_pnode.filtering.stepping import (
     control_step,
     fixed_step_failed,
     grow_rows,
+    jumps_in_t,
     propose_step,
 )
 from pymc_pnode.filtering.structure import block_local_error, block_rows, predict_roots, root_shape, update_roots
@@ -118,9 +121,10 @@ def forward_pass(
     of ``stops`` (output times and the end point) exactly, choosing the steps in between with the local
     error estimate and a PI controller (Bosch, Hennig & Tronarp, 2021). Fixed steps have no controller:
     they stop with ``STATUS_DIVERGED`` before the first step that :func:`~.stepping.fixed_step_failed`
-    flags (one extra evaluation of ``f`` per step). The local error is estimated on every step when the
-    steps are adaptive, the diffusion is local or ``control.report_error`` asks for it. With ``keep``
-    the run keeps every step's predictions, linearisation and prior coefficients.
+    flags (one extra evaluation of ``f`` per step). Adaptive steps stop with ``STATUS_JUMP_IN_T`` before a
+    step across a jump of ``f`` in ``t`` (:func:`~.stepping.jumps_in_t`). The local error is estimated on
+    every step when the steps are adaptive, the diffusion is local or ``control.report_error`` asks for it.
+    With ``keep`` the run keeps every step's predictions, linearisation and prior coefficients.
 
     Returns the run, cut to its accepted steps (the last state is where a failed solve stopped), and
     its :data:`ForwardStats`.
@@ -141,6 +145,7 @@ def forward_pass(
     kappa_used[0] = 0.0
     local_kappas[0] = 0.0
     xi, f_post, jac = linearisation_work(d)
+    jump_work = (np.empty(d), np.empty(d))
     size, rows = block_rows(r0, q, d)
     m_pred, m_upd, w = step_work(size, rows)
     err_work = local_error_work(q, rows)
@@ -194,6 +199,13 @@ def forward_pass(
                 if not accepted:
                     n_rej += 1
                     continue
+                # A controller can shrink its step until even a jump of f in t passes the tolerance; the filter's
+                # derivatives then cannot follow, and the likelihood goes wrong. Stop there (a rare extra check).
+                if n > 0 and floored_kappa(local_kappa) > JUMP_KAPPA_RATIO * local_kappas[n]:
+                    n_f += min(n, 3) + 1
+                    if jumps_in_t(rhs, theta, xi, zhat_p, t_new, grid[max(n - 2, 0):n + 1][::-1], d, jump_work):
+                        status = STATUS_JUMP_IN_T
+                        break
             local_kappa = floored_kappa(local_kappa)
             kappa = local_kappa if local else diffusion.kappa
             step[2, 0] = math.sqrt(kappa)

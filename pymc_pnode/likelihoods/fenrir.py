@@ -6,6 +6,7 @@ import dataclasses
 import math
 import warnings
 import weakref
+from collections import namedtuple
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -32,6 +33,7 @@ from pymc_pnode.validation import (
     as_float_array,
     as_positive_float,
     as_positive_int,
+    validate_discontinuities,
     validate_obs_matrix,
     validate_state_selection,
     validate_times,
@@ -43,9 +45,64 @@ __all__ = ["Fenrir", "FenrirProblem", "StepControl", "fenrir_diagnostics", "fenr
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-6
 DEFAULT_MAX_STEPS = 20_000
-# Closest allowed stops (t0 and observation times), relative to the time span: a step ~1e-8 of the span
-# after one ~1e-2 makes the filter's covariances ill-conditioned (likelihoods off by hundreds of nats).
+# Closest allowed stops (t0, observation times and discontinuities), relative to the time span: a step ~1e-8 of
+# the span after one ~1e-2 makes the filter's covariances ill-conditioned (likelihoods off by hundreds of nats).
 MIN_RELATIVE_GAP = 1e-6
+# A segment ends this far (relative to the span) before a discontinuity and the next one starts as far after it,
+# so that the vector field is evaluated on the correct side of a jump written as ``t >= t_d`` or ``t > t_d``; the
+# solution moves by about ``f · 2e-10 · span`` in between (the restart takes the mean at the end as its start).
+DISCONTINUITY_OFFSET = 1e-10
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """A stretch of the time span without a declared discontinuity: the kernel's stops (error control) or fixed
+    grid, and the data row observed at each entry (-1 for none)."""
+
+    grid: np.ndarray
+    obs_at: np.ndarray
+
+
+def _one_side(t: float, span: float) -> float:
+    """How far from a discontinuity at ``t`` its segments end and start (see ``DISCONTINUITY_OFFSET``)."""
+    return max(DISCONTINUITY_OFFSET * span, 1e3 * float(np.spacing(abs(t))))
+
+
+def build_segments(
+    t0: float, times: np.ndarray, discontinuities: np.ndarray, step: float | None
+) -> tuple[Segment, ...]:
+    """The segments between ``t0``, the ``discontinuities`` (strictly inside the span, sorted) and the last time.
+
+    An observation at a discontinuity belongs to the segment that ends there (the solution is continuous); each
+    segment's stops are its start, its observation times and its end; a fixed ``step`` fills them with
+    :func:`~pymc_pnode.solve.fixed_grid`.
+    """
+    stops = np.union1d([t0], times)
+    span = stops[-1] - stops[0]
+    edges = np.concatenate([[t0], discontinuities, [stops[-1]]])
+    segments = []
+    for s in range(edges.size - 1):
+        a, b = edges[s], edges[s + 1]
+        first, last = s == 0, s == edges.size - 2
+        inside = times[((times > a) | first) & (times <= b)]
+        seg_stops = np.union1d([a if first else a + _one_side(a, span)], inside)
+        if not last:
+            end = b - _one_side(b, span)
+            if seg_stops[-1] == b:
+                seg_stops[-1] = end
+            else:
+                seg_stops = np.append(seg_stops, end)
+        if step is None:
+            grid = seg_stops
+        else:
+            if seg_stops.size == 1:  # a single observation at t0: one step past it keeps the kernel's shape
+                seg_stops = np.array([t0, t0 + step])
+            grid = fixed_grid(seg_stops, step)
+        obs_at = np.full(grid.size, -1, dtype=np.int64)
+        observed = np.where(inside == b, grid[-1], inside) if not last else inside
+        obs_at[np.searchsorted(grid, observed)] = np.flatnonzero(np.isin(times, inside))
+        segments.append(Segment(np.ascontiguousarray(grid), obs_at))
+    return tuple(segments)
 
 
 @dataclass(frozen=True)
@@ -77,22 +134,27 @@ class StepControl:
         return self.step is None
 
 
+# One kernel call over a segment: its terms (zero outside the segment's observations), gradient, success, the kernel's
+# info array, solver grid and solution mean at the end, the failure message and whether the gradient was rounding noise.
+SegmentResult = namedtuple("SegmentResult", ["terms", "grad", "ok", "info", "grid", "y_end", "failure", "unreliable"])
+
+
 @dataclass(frozen=True, eq=False)
 class FenrirProblem:
     """Everything about a Fenrir likelihood that is fixed at model-build time.
 
-    Built by :func:`fenrir_loglik` and :func:`Fenrir` from validated user input. ``grid`` is the
-    fixed grid (or, with error control, the stops: ``t0`` and the observation times) and
-    ``obs_at[n]`` the observation at ``grid[n]`` (or -1). ``diffusion_mode``: a fixed diffusion
-    (an input of the Op) or one calibrated at every evaluation (``odefilter.DIFFUSION_*``).
-    ``diagnostics`` counts this process's evaluations.
+    Built by :func:`fenrir_loglik` and :func:`Fenrir` from validated user input. ``segments`` split the
+    time span at the declared discontinuities of the vector field (one segment without them); each holds
+    the fixed grid (or, with error control, the stops: its start, the observation times and its end) and
+    the observation at each grid point. ``diffusion_mode``: a fixed diffusion (an input of the Op) or one
+    calibrated at every evaluation (``odefilter.DIFFUSION_*``). ``diagnostics`` counts this process's
+    evaluations.
     """
 
     ode: ODE
     solver: ODEFilter
     times: np.ndarray
-    grid: np.ndarray
-    obs_at: np.ndarray
+    segments: tuple[Segment, ...]
     obs_matrix: np.ndarray
     missing: np.ndarray
     n_sigma: int
@@ -101,7 +163,8 @@ class FenrirProblem:
     diagnostics: SolverDiagnostics
 
     @classmethod
-    def build(cls, ode, times, data_shape, obs_matrix, n_sigma, solver, control, diffusion_mode, label="Fenrir"):
+    def build(cls, ode, times, data_shape, obs_matrix, n_sigma, solver, control, diffusion_mode, label="Fenrir",
+              discontinuities=None):
         ode = validate_ode(ode)
         solver = validate_filter(solver, STRUCTURES, "the Fenrir likelihood")
         times = validate_times(times, "times", start=ode.t0)
@@ -116,24 +179,18 @@ class FenrirProblem:
             raise ValueError(f"data has {m} columns but obs_matrix has {cmat.shape[0]} rows")
         if n_sigma not in (1, m):
             raise ValueError(f"obs_sigma must be a scalar or have length {m}, got length {n_sigma}")
-        stops = np.union1d([ode.t0], times)
+        disc = validate_discontinuities(discontinuities, ode.t0, float(times[-1]))
+        stops = np.union1d(np.union1d([ode.t0], times), disc)
         gaps = np.diff(stops)
         if gaps.size and gaps.min() < MIN_RELATIVE_GAP * (stops[-1] - stops[0]):
             i = int(np.argmin(gaps))
-            raise ValueError(f"times (with t0={ode.t0}) has two entries only {gaps[i]:.3g} apart "
-                             f"({float(stops[i])!r} and {float(stops[i + 1])!r}), less than {MIN_RELATIVE_GAP:g} of "
-                             f"the time span: the ODE filter cannot step between them accurately; merge or average "
-                             f"such observations")
-        if control.adaptive:
-            grid = stops
-        else:
-            if stops.size == 1:  # a single observation at t0: one step past it keeps the kernel's shape
-                stops = np.array([ode.t0, ode.t0 + control.step])
-            grid = fixed_grid(stops, control.step)
-        obs_at = np.full(grid.size, -1, dtype=np.int64)
-        obs_at[np.searchsorted(grid, times)] = np.arange(times.size)
+            raise ValueError(f"times (with t0={ode.t0} and the discontinuities) has two entries only {gaps[i]:.3g} "
+                             f"apart ({float(stops[i])!r} and {float(stops[i + 1])!r}), less than "
+                             f"{MIN_RELATIVE_GAP:g} of the time span: the ODE filter cannot step between them "
+                             f"accurately; merge or average such observations")
+        segments = build_segments(ode.t0, times, disc, control.step)
         diagnostics = SolverDiagnostics(label=label, step=control.step, order=solver.order)
-        return cls(ode, solver, times, grid, obs_at, np.ascontiguousarray(cmat),
+        return cls(ode, solver, times, segments, np.ascontiguousarray(cmat),
                    np.zeros(data_shape, dtype=bool), n_sigma, control, int(diffusion_mode), diagnostics)
 
     def with_missing(self, missing: np.ndarray) -> "FenrirProblem":
@@ -142,6 +199,11 @@ class FenrirProblem:
     @property
     def step(self) -> float | None:
         return self.control.step
+
+    @property
+    def t_end(self) -> float:
+        """The last time the solver reaches."""
+        return float(self.segments[-1].grid[-1])
 
     @property
     def n_directions(self) -> int:
@@ -192,11 +254,51 @@ class FenrirProblem:
         return grid.copy() if np.isfinite(terms).all() else np.empty(0)
 
     def _gradient_reproducible(self, arguments: FenrirArguments, grad: np.ndarray) -> bool:
-        """Whether the reverse sweep's gradient survives other rounding errors: the sweep again with a rescaled
-        cotangent (:func:`~pymc_pnode.accuracy.reproducible`)."""
-        again = arguments._replace(cotangent=arguments.cotangent * RESCALE)
-        _, grad2, ok, _, _ = self.kernel(self.functions, again, self.initial_root)
+        """Whether the reverse sweep's gradient survives other rounding errors: the sweep again with rescaled
+        cotangents (:func:`~pymc_pnode.accuracy.reproducible`)."""
+        again = arguments._replace(cotangent=arguments.cotangent * RESCALE,
+                                   end_cotangent=arguments.end_cotangent * RESCALE)
+        _, grad2, ok, _, _, _ = self.kernel(self.functions, again, self.initial_root)
         return bool(ok) and reproducible([grad], [grad2])
+
+    def _segment(self, arguments: FenrirArguments, segment: Segment, y_start: np.ndarray, want_grad: bool,
+                 end_cotangent: np.ndarray) -> SegmentResult:
+        """One kernel call over ``segment`` from the solution value ``y_start`` at its start."""
+        args = arguments._replace(y0=y_start, stops=segment.grid, stop_obs=segment.obs_at, want_grad=want_grad,
+                                  end_cotangent=end_cotangent)
+        terms, grad, ok, info, grid, y_end = self.kernel(self.functions, args, self.initial_root)
+        failure = ""
+        if int(info[4]) != STATUS_SUCCESS:  # a failed forward pass returns its grid up to where it stopped
+            failure = STATUS_MESSAGES[int(info[4])] + (f", at t = {grid[-1]:.6g}" if grid.size > 1 else "")
+        unreliable = False
+        if ok and want_grad and needs_rounding_check(info[5]):
+            ok = self._gradient_reproducible(args, grad)
+            unreliable = not ok
+        return SegmentResult(terms, grad, bool(ok), info, grid, y_end, failure, unreliable)
+
+    def _segments(self, arguments: FenrirArguments, want_grad: bool) -> list[SegmentResult]:
+        """Every segment in turn, each restarted from the solution mean where the previous one ended (the filter's
+        derivative states restart from the vector field beyond the discontinuity, its covariance from zero). With
+        the gradient, the segments before the last run twice: forward for their end values, then backward in
+        time with the cotangent that the next segment puts on its starting value (its gradient with respect to
+        its ``y0``). Stops at the first failing segment."""
+        d = self.ode.n_states
+        no_cotangent = np.zeros(d)
+        starts, results = [arguments.y0], []
+        for i, segment in enumerate(self.segments):
+            last = i == len(self.segments) - 1
+            result = self._segment(arguments, segment, starts[-1], want_grad and last, no_cotangent)
+            results.append(result)
+            if not result.ok:
+                return results
+            starts.append(np.ascontiguousarray(result.y_end))
+        if want_grad:
+            for i in range(len(self.segments) - 2, -1, -1):
+                end_cotangent = np.ascontiguousarray(results[i + 1].grad[:d])
+                results[i] = self._segment(arguments, self.segments[i], starts[i], True, end_cotangent)
+                if not results[i].ok:
+                    return results[: i + 1]
+        return results
 
     def _evaluate(self, y0, theta, data, sigma, kappa, cotangent, diagnostics, warn):
         """:meth:`evaluate`, and the solver grid."""
@@ -220,19 +322,25 @@ class FenrirProblem:
         max_err = math.nan
         unreliable = False
         failure = ""
-        grid = self.grid[:1]
+        grid = self.segments[0].grid[:1]
         if ok:
+            first = self.segments[0]
             arguments = FenrirArguments(
                 y0, theta, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa, self.diffusion_mode, self.stepping,
-                self.grid, self.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
+                first.grid, first.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
+                np.zeros(ode.n_states),
             )
-            terms, grad, ok, info, grid = self.kernel(self.functions, arguments, self.initial_root)
-            max_err, n_steps, n_rejected = info[0], int(info[2]), int(info[3])
-            if int(info[4]) != STATUS_SUCCESS:  # a failed forward pass returns its grid up to where it stopped
-                failure = STATUS_MESSAGES[int(info[4])] + (f", at t = {grid[-1]:.6g}" if grid.size > 1 else "")
-            if ok and want_grad and needs_rounding_check(info[5]):
-                ok = self._gradient_reproducible(arguments, grad)
-                unreliable = not ok
+            results = self._segments(arguments, want_grad)
+            ok = all(r.ok for r in results) and len(results) == len(self.segments)
+            terms = sum(r.terms for r in results)
+            grad = results[0].grad.copy()  # the y0 part is the first segment's; θ, σ and κ add up
+            for r in results[1:]:
+                grad[ode.n_states:] += r.grad[ode.n_states:]
+            grid = np.concatenate([r.grid for r in results])
+            max_err = max(r.info[0] for r in results)
+            n_steps, n_rejected = (int(sum(r.info[j] for r in results)) for j in (2, 3))
+            failure = next((r.failure for r in results if r.failure), "")
+            unreliable = any(r.unreliable for r in results)
         (self.diagnostics if diagnostics is None else diagnostics).record(n_steps, n_rejected, max_err,
                                                                           failed=not ok, warn=warn,
                                                                           unreliable_gradient=unreliable,
@@ -365,7 +473,7 @@ def diffusion_mode(diffusion) -> int:
     return DIFFUSION_FIXED
 
 
-def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control, label):
+def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control, label, discontinuities):
     _validate_positive_constant(obs_sigma, "obs_sigma")
     mode = diffusion_mode(diffusion)
     if mode == DIFFUSION_FIXED:
@@ -384,7 +492,7 @@ def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control
         n_sigma = arr.shape[1]
         sigma = pt.specify_shape(sigma, (n_sigma,))
     problem = FenrirProblem.build(ode, times, arr.shape, obs_matrix, n_sigma, solver, control,
-                                  mode, label=label)
+                                  mode, label=label, discontinuities=discontinuities)
     missing = np.isnan(arr)
     if np.all(missing):
         raise ValueError("data contains no observed (non-NaN) values")
@@ -410,6 +518,7 @@ def fenrir_loglik(
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
     max_steps: int = DEFAULT_MAX_STEPS,
+    discontinuities=None,
     pointwise: bool = False,
 ):
     r"""The Fenrir PN-approximated marginal log-likelihood as a PyTensor expression.
@@ -456,6 +565,14 @@ def fenrir_loglik(
     max_steps : int
         Step cap of an error-controlled solve (default 20,000); a solve that needs more returns
         ``-inf``.
+    discontinuities : array_like, optional
+        Times at which the vector field jumps in ``t`` (a switched stimulus, a dose): the solver ends a
+        segment just before each (the field evaluated on the left) and restarts just after it from the
+        mean solution there, its derivative states initialised from the field on the right (Taylor
+        mode) and its covariance from zero, as at ``t0``. An error-controlled step cannot cross such a
+        jump: without it the solve stops there (``-inf``, with a warning that says where). The numerical
+        variance at each restart is not carried over (with error control it is of the order of the
+        tolerance). Times outside ``(t0, times[-1])`` are ignored.
     pointwise : bool, default False
         Return the vector of per-observation-time terms (prediction-error decomposition) instead
         of their sum.
@@ -470,7 +587,7 @@ def fenrir_loglik(
     """
     control = StepControl(step, rtol, atol, max_steps)
     problem, filled, sigma, kappa = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control,
-                                             "fenrir_loglik")
+                                             "fenrir_loglik", discontinuities)
     terms = FenrirOp(problem)(ode.y0_tensor(y0), ode.theta_tensor(theta), pt.as_tensor_variable(filled), sigma,
                               kappa)
     return terms if pointwise else terms.sum()
@@ -490,16 +607,22 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, rng, size)
     n_obs, m = problem.missing.shape
     batch = (n_obs,) if size is None else tuple(np.atleast_1d(size))
     n = int(np.prod(batch[:-1])) if len(batch) > 1 else 1
-    span = problem.grid[-1] - ode.t0
     control = problem.control
-    # The likelihood's grid: steps of at most problem.step, or the same error control.
-    step = None if control.adaptive else min(control.step, span)
-    sol = solve(ode, y0, theta, (ode.t0, problem.grid[-1]), solver=problem.solver, step=step,
-                rtol=control.rtol, atol=control.atol, max_steps=control.max_steps, save_at=problem.times,
-                diffusion=_SOLVE_DIFFUSION.get(problem.diffusion_mode, float(kappa)))
-    if not sol.success:
-        return np.full(batch + (m,), np.nan)
-    traj = sol.sample(n, rng=rng)  # (n, T, d)
+    traj = np.empty((n, n_obs, ode.n_states))
+    y_start = y0
+    for segment in problem.segments:  # restarted at each discontinuity, as the likelihood is
+        seen = segment.obs_at >= 0
+        t_a, t_b = segment.grid[0], segment.grid[-1]
+        save_at = np.union1d(segment.grid[seen], [t_b])
+        # The likelihood's grid: steps of at most problem.step, or the same error control.
+        step = None if control.adaptive else min(control.step, t_b - t_a)
+        sol = solve(ode, y_start, theta, (t_a, t_b), solver=problem.solver, step=step,
+                    rtol=control.rtol, atol=control.atol, max_steps=control.max_steps, save_at=save_at,
+                    diffusion=_SOLVE_DIFFUSION.get(problem.diffusion_mode, float(kappa)))
+        if not sol.success:
+            return np.full(batch + (m,), np.nan)
+        traj[:, segment.obs_at[seen]] = sol.sample(n, rng=rng)[:, np.searchsorted(save_at, segment.grid[seen])]
+        y_start = sol.mean[-1]
     sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64).reshape(-1), (m,))
     out = traj @ problem.obs_matrix.T + rng.standard_normal((n, n_obs, m)) * sigma
     return out.reshape(batch + (m,))
@@ -521,6 +644,7 @@ def Fenrir(
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
     max_steps: int = DEFAULT_MAX_STEPS,
+    discontinuities=None,
     check_accuracy: bool = True,
     dims=None,
 ):
@@ -537,7 +661,7 @@ def Fenrir(
     ----------
     name : str
         Name of the observed variable.
-    ode, y0, theta, times, obs_matrix, obs_sigma, diffusion, solver, step, rtol, atol, max_steps
+    ode, y0, theta, times, obs_matrix, obs_sigma, diffusion, solver, step, rtol, atol, max_steps, discontinuities
         As in :func:`fenrir_loglik`; ``y0``, ``theta``, ``obs_sigma`` and ``diffusion`` may be
         random variables of the model.
     check_accuracy : bool, default True
@@ -558,7 +682,7 @@ def Fenrir(
     """
     control = StepControl(step, rtol, atol, max_steps)
     problem, filled, sigma, kappa = _prepare(ode, times, observed, obs_matrix, obs_sigma, diffusion, solver, control,
-                                             f"Fenrir {name!r}")
+                                             f"Fenrir {name!r}", discontinuities)
     y0, theta = ode.y0_tensor(y0), ode.theta_tensor(theta)
     sigma_vec = sigma if sigma.ndim == 1 else sigma[None]
     op = FenrirOp(problem)
