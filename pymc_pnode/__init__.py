@@ -16,7 +16,7 @@ from pymc_pnode import _numba_cache  # noqa: F401  (first: numba's cache keyed o
 from pymc_pnode._memory import tune_allocator
 from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
-from pymc_pnode.solve import EK0, EK1, ProbabilisticSolution, solve
+from pymc_pnode.solve import EK0, EK1, PiecewiseSolution, ProbabilisticSolution, solve
 
 tune_allocator()  # freed run arrays stay in the heap for the next evaluation (see pymc_pnode._memory)
 
@@ -53,7 +53,7 @@ _LAZY = {
 
 _SUBPACKAGES = {"baselines", "classical", "chkrebtii", "sampling", "likelihoods", "studies"}
 
-__all__ = ["EK0", "EK1", "IWP", "ODE", "ProbabilisticSolution", "solve", *_LAZY]
+__all__ = ["EK0", "EK1", "IWP", "ODE", "PiecewiseSolution", "ProbabilisticSolution", "solve", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -11,6 +11,7 @@ from typing import ClassVar
 import numpy as np
 
 from pymc_pnode._jit import readonly
+from pymc_pnode.discontinuities import segment_bounds, segment_of
 from pymc_pnode.filtering.calibration import global_kappa
 from pymc_pnode.filtering.odefilter import (
     DIFFUSION_FIXED,
@@ -36,9 +37,16 @@ from pymc_pnode.filtering.tangents import SmoothedRun, StepTangents, smoothing_t
 from pymc_pnode.filtering.update import VectorField
 from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
-from pymc_pnode.validation import as_positive_int, validate_step, validate_t_span, validate_times
+from pymc_pnode.validation import (
+    as_positive_int,
+    validate_discontinuities,
+    validate_step,
+    validate_t_span,
+    validate_times,
+)
 
-__all__ = ["EK0", "EK1", "ODEFilter", "ProbabilisticSolution", "solve", "validate_filter", "validate_ode"]
+__all__ = ["EK0", "EK1", "ODEFilter", "PiecewiseSolution", "ProbabilisticSolution", "solve", "validate_filter",
+           "validate_ode"]
 
 
 # One independent group of states of a solve: the states, their filter run and their smoothing posterior.
@@ -348,21 +356,7 @@ class ProbabilisticSolution:
 
     def to_xarray(self):
         """The solution as an :class:`xarray.Dataset` with ``mean``, ``std`` and ``cov``."""
-        import xarray as xr
-
-        d = self.ode.n_states
-        coords = {"time": self.t, "state": np.arange(d), "state_": np.arange(d)}
-        attrs = {k: (int(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in self.stats.items()}
-        attrs["solver"] = repr(self.solver)
-        return xr.Dataset(
-            {
-                "mean": (("time", "state"), self.mean),
-                "std": (("time", "state"), self.std),
-                "cov": (("time", "state", "state_"), self.cov),
-            },
-            coords=coords,
-            attrs=attrs,
-        )
+        return _as_dataset(self)
 
     def __repr__(self) -> str:
         s = self.stats
@@ -370,6 +364,152 @@ class ProbabilisticSolution:
             f"ProbabilisticSolution({self.solver!r}, T={self.t.size}, steps={s['n_steps']}, "
             f"rejected={s['n_rejected']}, success={s['success']})"
         )
+
+
+def _as_dataset(solution):
+    """A solution's ``mean``, ``std`` and ``cov`` at its times as an :class:`xarray.Dataset`; ``stats`` in attrs."""
+    import xarray as xr
+
+    d = solution.ode.n_states
+    coords = {"time": solution.t, "state": np.arange(d), "state_": np.arange(d)}
+    attrs = {k: (int(v) if isinstance(v, (bool, np.bool_)) else v) for k, v in solution.stats.items()}
+    attrs["solver"] = repr(solution.solver)
+    return xr.Dataset(
+        {
+            "mean": (("time", "state"), solution.mean),
+            "std": (("time", "state"), solution.std),
+            "cov": (("time", "state", "state_"), solution.cov),
+        },
+        coords=coords,
+        attrs=attrs,
+    )
+
+
+class PiecewiseSolution:
+    """An ODE filter's solution restarted at declared jumps of the vector field in ``t``
+    (:mod:`pymc_pnode.discontinuities`): one :class:`ProbabilisticSolution` per segment.
+
+    Each segment starts from the mean where the previous one ended, with zero covariance, so the segments are
+    independent: samples are joint within a segment, and :meth:`joint_cov` is block-diagonal over the segments.
+
+    Attributes
+    ----------
+    t, mean, cov, std, state_mean
+        As in :class:`ProbabilisticSolution`, over all segments (an output time at a jump is solved just before it).
+    stats : dict
+        Sums of ``n_steps``, ``n_rejected`` and ``n_f_evals``; ``success``, ``status`` and ``message`` of the first
+        segment that failed (a failed segment ends the solve); ``t_final``; ``diffusion``: one per segment.
+    pieces : list of tuple
+        ``(solution, outputs)`` per segment solved: its :class:`ProbabilisticSolution` and the indices of its
+        outputs that are outputs of the whole solve.
+    """
+
+    def __init__(self, ode: ODE, solver: "ODEFilter", discontinuities: np.ndarray, t: np.ndarray, pieces: list,
+                 complete: bool):
+        self.ode = ode
+        self.solver = solver
+        self.discontinuities = discontinuities
+        self.t = t
+        self.pieces = pieces
+        sols = [sol for sol, _ in pieces]
+        failed = next((sol for sol in sols if not sol.success), None)
+        self.stats = {key: int(sum(sol.stats[key] for sol in sols)) for key in ("n_steps", "n_rejected", "n_f_evals")}
+        self.stats.update({
+            "status": int(STATUS_SUCCESS if failed is None else failed.stats["status"]),
+            "success": failed is None and complete,
+            "message": STATUS_MESSAGES[STATUS_SUCCESS] if failed is None else failed.stats["message"],
+            "diffusion": tuple(float(sol.stats["diffusion"]) for sol in sols),
+            "t_final": float(sols[-1].stats["t_final"]),
+        })
+
+    @property
+    def success(self) -> bool:
+        """Whether the solve reached the end of the time span."""
+        return bool(self.stats["success"])
+
+    def _joined(self, name: str) -> np.ndarray:
+        return np.concatenate([getattr(sol, name)[outputs] for sol, outputs in self.pieces])
+
+    @cached_property
+    def state_mean(self) -> np.ndarray:
+        return self._joined("state_mean")
+
+    @cached_property
+    def mean(self) -> np.ndarray:
+        return self._joined("mean")
+
+    @cached_property
+    def cov(self) -> np.ndarray:
+        return self._joined("cov")
+
+    @cached_property
+    def std(self) -> np.ndarray:
+        return self._joined("std")
+
+    def joint_cov(self) -> np.ndarray:
+        """Covariance across the output times, ``(T, d, T, d)``: each segment's block, zero between segments."""
+        d, n_out = self.ode.n_states, self.t.size
+        out = np.zeros((n_out, d, n_out, d))
+        first = 0
+        for sol, outputs in self.pieces:
+            block = slice(first, first + outputs.size)
+            out[block, :, block, :] = sol.joint_cov()[np.ix_(outputs, np.arange(d), outputs, np.arange(d))]
+            first += outputs.size
+        return out
+
+    def sample(self, n: int = 1, rng=None) -> np.ndarray:
+        """Samples of the solution at ``t``, shape ``(n, T, d)``: joint within each segment, independent between."""
+        rng = np.random.default_rng(rng)
+        return np.concatenate([sol.sample(n, rng=rng)[:, outputs] for sol, outputs in self.pieces], axis=1)
+
+    def interpolate(self, times) -> tuple[np.ndarray, np.ndarray]:
+        """Dense output (smoothed mean and covariance) at any ``times`` in the segments solved."""
+        times = validate_times(times, "times", span=(self.pieces[0][0].run.grid[0], self.pieces[-1][0].run.grid[-1]))
+        which = segment_of(times, self.discontinuities)
+        mean, cov = np.empty((times.size, self.ode.n_states)), np.empty((times.size, self.ode.n_states,
+                                                                          self.ode.n_states))
+        for s, (sol, _) in enumerate(self.pieces):
+            rows = np.flatnonzero(which == s)
+            if rows.size:
+                grid = sol.run.grid
+                mean[rows], cov[rows] = sol.interpolate(np.clip(times[rows], grid[0], grid[-1]))
+        return mean, cov
+
+    def to_xarray(self):
+        """The solution as an :class:`xarray.Dataset` with ``mean``, ``std`` and ``cov``."""
+        return _as_dataset(self)
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (f"PiecewiseSolution({self.solver!r}, segments={len(self.pieces)}, T={self.t.size}, "
+                f"steps={s['n_steps']}, rejected={s['n_rejected']}, success={s['success']})")
+
+
+def _solve_piecewise(ode: ODE, y0: np.ndarray, theta: np.ndarray, t_span: tuple[float, float],
+                     discontinuities: np.ndarray, save_at: np.ndarray | None, options: dict) -> PiecewiseSolution:
+    """:func:`solve` segment by segment between the ``discontinuities``, each from the mean where the last ended."""
+    which = None if save_at is None else segment_of(save_at, discontinuities)
+    pieces, times, y_start = [], [], y0
+    bounds = segment_bounds(*t_span, discontinuities)
+    for s, (start, end) in enumerate(bounds):
+        step = options["step"] if options["step"] is None else min(options["step"], end - start)
+        if save_at is None:  # every step
+            sol = solve(ode, y_start, theta, (start, end), **{**options, "step": step})
+            last = s == len(bounds) - 1 or not sol.success  # else the next segment starts where this one ends
+            outputs = np.arange(sol.t.size if last else sol.t.size - 1)
+            times.append(sol.t[outputs])
+        else:
+            rows = np.flatnonzero(which == s)
+            at = np.clip(save_at[rows], start, end)  # an output time at a jump: where the segment ends
+            sol = solve(ode, y_start, theta, (start, end), **{**options, "step": step}, save_at=np.union1d(at, [end]))
+            outputs = np.flatnonzero(np.isin(sol.t, at))
+            times.append(save_at[rows][: outputs.size])
+        pieces.append((sol, outputs))
+        if not sol.success:
+            break
+        y_start = np.asarray(sol.mean[-1])
+    return PiecewiseSolution(ode, options["solver"], discontinuities, np.concatenate(times), pieces,
+                             len(pieces) == len(bounds))
 
 
 def solve(
@@ -386,7 +526,8 @@ def solve(
     diffusion="calibrated",
     smooth: bool = True,
     max_steps: int = 100_000,
-) -> ProbabilisticSolution:
+    discontinuities=None,
+) -> ProbabilisticSolution | PiecewiseSolution:
     """Solve an ODE initial value problem with a square-root ODE filter.
 
     Parameters
@@ -417,6 +558,11 @@ def solve(
         Return the smoothing posterior (conditioned on all steps) instead of the filter marginals.
     max_steps : int
         Maximum number of accepted steps for adaptive solves.
+    discontinuities : array_like, optional
+        Times at which the vector field jumps in ``t`` (a switched input, a dose): the filter ends a segment just
+        before each and restarts just after it from the mean solution there (:mod:`pymc_pnode.discontinuities`);
+        the result is then a :class:`PiecewiseSolution`. Without them an adaptive solve stops at such a jump
+        (``STATUS_JUMP_IN_T``). Times outside ``(t0, t1)`` are ignored.
 
     Returns
     -------
@@ -451,6 +597,11 @@ def solve(
     if save_at is not None:
         save = validate_times(save_at, "save_at", span=(t0, t1))
         stops = np.union1d(stops, save)
+    disc = validate_discontinuities(discontinuities, t0, t1)
+    if disc.size:
+        options = dict(solver=solver, step=step, rtol=rtol, atol=atol, diffusion=diffusion, smooth=smooth,
+                       max_steps=max_steps)
+        return _solve_piecewise(ode, y0, theta, (t0, t1), disc, None if save_at is None else save, options)
     grid = fixed_grid(stops, step) if not adaptive else stops
 
     q, d = solver.order, ode.n_states

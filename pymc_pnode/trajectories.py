@@ -54,6 +54,7 @@ def posterior_trajectories(
     max_draws: int | None = 100,
     rng=None,
     progressbar: bool = True,
+    discontinuities=None,
 ) -> xr.Dataset:
     """PN mean and standard deviation of the state on a fine grid, one solve per posterior draw.
 
@@ -79,6 +80,8 @@ def posterior_trajectories(
         Use at most this many randomly chosen draws.
     rng : seed or Generator, optional
     progressbar : bool
+    discontinuities : array_like, optional
+        Times at which the vector field jumps in ``t``, as in :func:`~pymc_pnode.solve`.
 
     Returns
     -------
@@ -104,7 +107,8 @@ def posterior_trajectories(
     ok = np.zeros(pick.size, dtype=bool)
     for i in tqdm(range(pick.size), desc="PN trajectories", disable=not progressbar):
         sol = solve(ode, y0s[i], thetas[i], t_span, solver=solver, step=step, save_at=times,
-                    diffusion=kappas[i] if not isinstance(kappas[i], np.ndarray) else float(kappas[i]))
+                    diffusion=kappas[i] if not isinstance(kappas[i], np.ndarray) else float(kappas[i]),
+                    discontinuities=discontinuities)
         ok[i] = sol.success
         if sol.success:
             mean[i], std[i] = sol.mean, sol.std

@@ -40,15 +40,15 @@ def ode():
     return pn.ODE(_field, n_states=2, n_theta=2)
 
 
-def reference(theta, y0=Y0):
-    """The solution at TIMES, each smooth piece solved on its own to 1e-12."""
-    out = np.empty((TIMES.size, 2))
+def reference(theta, y0=Y0, times=TIMES):
+    """The solution at ``times`` (in (0, 8]), each smooth piece solved on its own to 1e-12."""
+    out = np.empty((times.size, 2))
     y = np.asarray(y0, float)
     for a, b in [(0.0, ON), (ON, OFF), (OFF, TIMES[-1])]:
         sol = solve_ivp(_field_np, (a, b), y, args=(theta,), method="DOP853", rtol=1e-12, atol=1e-12,
                         dense_output=True)
-        sel = (TIMES > a) & (TIMES <= b)
-        out[sel] = sol.sol(TIMES[sel]).T
+        sel = (times > a) & (times <= b)
+        out[sel] = sol.sol(times[sel]).T
         y = sol.y[:, -1]
     return out
 
@@ -171,3 +171,28 @@ def test_pymc_block_with_discontinuities_has_finite_logp_and_predictive_draws(od
     on = (TIMES > ON + 0.5) & (TIMES < OFF)
     assert np.all(draws[:, on, 0].mean(axis=0) > reference(THETA)[on, 0] - 0.5)
     assert np.all(reference(THETA)[on, 0] > 1.0)
+
+
+def test_solve_restarts_at_declared_jumps(ode):
+    """``pn.solve(discontinuities=...)``: the piecewise solution agrees with the reference to the tolerance, output
+    times at the jumps included; samples, dense output, the joint covariance (block-diagonal over the segments) and
+    the dataset have the shapes of the output times; without the declaration the solve stops at the first jump."""
+    stopped = pn.solve(ode, Y0, THETA, (0.0, TIMES[-1]), rtol=1e-8, atol=1e-10, save_at=TIMES)
+    assert not stopped.success and "jump of the vector field in t" in stopped.stats["message"]
+    sol = pn.solve(ode, Y0, THETA, (0.0, TIMES[-1]), rtol=1e-8, atol=1e-10, save_at=TIMES, discontinuities=[ON, OFF])
+    assert isinstance(sol, pn.PiecewiseSolution) and sol.success and len(sol.pieces) == 3
+    np.testing.assert_array_equal(sol.t, TIMES)
+    np.testing.assert_allclose(sol.mean, reference(THETA), rtol=0, atol=1e-6)
+    assert sol.std.shape == sol.mean.shape and np.all(sol.std >= 0) and np.all(sol.std < 1e-4)
+    assert sol.sample(4, rng=0).shape == (4, TIMES.size, 2)
+    joint = sol.joint_cov()
+    first, second = np.flatnonzero(TIMES <= ON), np.flatnonzero((TIMES > ON) & (TIMES <= OFF))
+    assert np.all(joint[np.ix_(first, [0, 1], second, [0, 1])] == 0.0)  # independent segments
+    np.testing.assert_allclose(np.einsum("titi->ti", joint), sol.std**2, rtol=1e-8, atol=1e-300)
+    dense_t = np.array([1.0, 3.3, 7.9])
+    mean, cov = sol.interpolate(dense_t)
+    np.testing.assert_allclose(mean, reference(THETA, times=dense_t), rtol=0, atol=1e-5)
+    assert cov.shape == (3, 2, 2) and sol.to_xarray()["mean"].shape == (TIMES.size, 2)
+    every_step = pn.solve(ode, Y0, THETA, (0.0, TIMES[-1]), discontinuities=[ON, OFF])
+    assert every_step.success and np.all(np.diff(every_step.t) > 0)
+    assert every_step.stats["n_steps"] == sum(p.stats["n_steps"] for p, _ in every_step.pieces)

@@ -34,8 +34,8 @@ STATUS_MESSAGES = {
     ),
     STATUS_JUMP_IN_T: (
         "the filter's smooth prior cannot step across a jump of the vector field in t (a switched input, a dose?; "
-        "declare its time in discontinuities=[...] of pn.Fenrir or pn.fenrir_loglik, or solve the pieces "
-        "separately) just after the last step"
+        "declare its time in discontinuities=[...] of pn.solve, pn.Fenrir or pn.fenrir_loglik) just after the "
+        "last step"
     ),
 }
 # A step whose local diffusion estimate is this many times that of the step before is checked for a jump of the

@@ -23,6 +23,7 @@ from pytensor.tensor.rewriting.basic import register_specialize
 
 from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import RESCALE, AccuracyWarning, SolverDiagnostics, needs_rounding_check, reproducible
+from pymc_pnode.discontinuities import segment_bounds, segment_of
 from pymc_pnode.filtering.fenrir import FenrirArguments, FenrirFunctions, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS, Stepping
@@ -48,12 +49,6 @@ DEFAULT_MAX_STEPS = 20_000
 # Closest allowed stops (t0, observation times and discontinuities), relative to the time span: a step ~1e-8 of
 # the span after one ~1e-2 makes the filter's covariances ill-conditioned (likelihoods off by hundreds of nats).
 MIN_RELATIVE_GAP = 1e-6
-# A segment ends this far (relative to the span) before a discontinuity and the next one starts as far after it,
-# so that the vector field is evaluated on the correct side of a jump written as ``t >= t_d`` or ``t > t_d``; the
-# solution moves by about ``f · 2e-10 · span`` in between (the restart takes the mean at the end as its start).
-DISCONTINUITY_OFFSET = 1e-10
-
-
 @dataclass(frozen=True, eq=False)
 class Segment:
     """A stretch of the time span without a declared discontinuity: the kernel's stops (error control) or fixed
@@ -63,44 +58,28 @@ class Segment:
     obs_at: np.ndarray
 
 
-def _one_side(t: float, span: float) -> float:
-    """How far from a discontinuity at ``t`` its segments end and start (see ``DISCONTINUITY_OFFSET``)."""
-    return max(DISCONTINUITY_OFFSET * span, 1e3 * float(np.spacing(abs(t))))
-
-
 def build_segments(
     t0: float, times: np.ndarray, discontinuities: np.ndarray, step: float | None
 ) -> tuple[Segment, ...]:
-    """The segments between ``t0``, the ``discontinuities`` (strictly inside the span, sorted) and the last time.
+    """The segments of ``[t0, times[-1]]`` between the ``discontinuities`` (:mod:`pymc_pnode.discontinuities`).
 
-    An observation at a discontinuity belongs to the segment that ends there (the solution is continuous); each
-    segment's stops are its start, its observation times and its end; a fixed ``step`` fills them with
-    :func:`~pymc_pnode.solve.fixed_grid`.
+    Each segment's stops are its start, its observation times (one at a jump observed at the segment's end) and its
+    end; a fixed ``step`` fills them with :func:`~pymc_pnode.solve.fixed_grid`.
     """
-    stops = np.union1d([t0], times)
-    span = stops[-1] - stops[0]
-    edges = np.concatenate([[t0], discontinuities, [stops[-1]]])
     segments = []
-    for s in range(edges.size - 1):
-        a, b = edges[s], edges[s + 1]
-        first, last = s == 0, s == edges.size - 2
-        inside = times[((times > a) | first) & (times <= b)]
-        seg_stops = np.union1d([a if first else a + _one_side(a, span)], inside)
-        if not last:
-            end = b - _one_side(b, span)
-            if seg_stops[-1] == b:
-                seg_stops[-1] = end
-            else:
-                seg_stops = np.append(seg_stops, end)
+    which = segment_of(times, discontinuities)
+    for s, (start, end) in enumerate(segment_bounds(t0, float(times[-1]), discontinuities)):
+        rows = np.flatnonzero(which == s)
+        at = np.minimum(times[rows], end)  # an observation at a jump: where the segment ends, just before it
+        stops = np.union1d([start, end], at)
         if step is None:
-            grid = seg_stops
+            grid = stops
         else:
-            if seg_stops.size == 1:  # a single observation at t0: one step past it keeps the kernel's shape
-                seg_stops = np.array([t0, t0 + step])
-            grid = fixed_grid(seg_stops, step)
+            if stops.size == 1:  # a single observation at t0: one step past it keeps the kernel's shape
+                stops = np.array([t0, t0 + step])
+            grid = fixed_grid(stops, step)
         obs_at = np.full(grid.size, -1, dtype=np.int64)
-        observed = np.where(inside == b, grid[-1], inside) if not last else inside
-        obs_at[np.searchsorted(grid, observed)] = np.flatnonzero(np.isin(times, inside))
+        obs_at[np.searchsorted(grid, at)] = rows
         segments.append(Segment(np.ascontiguousarray(grid), obs_at))
     return tuple(segments)
 
@@ -161,6 +140,7 @@ class FenrirProblem:
     control: StepControl
     diffusion_mode: int
     diagnostics: SolverDiagnostics
+    discontinuities: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0))
 
     @classmethod
     def build(cls, ode, times, data_shape, obs_matrix, n_sigma, solver, control, diffusion_mode, label="Fenrir",
@@ -191,7 +171,7 @@ class FenrirProblem:
         segments = build_segments(ode.t0, times, disc, control.step)
         diagnostics = SolverDiagnostics(label=label, step=control.step, order=solver.order)
         return cls(ode, solver, times, segments, np.ascontiguousarray(cmat),
-                   np.zeros(data_shape, dtype=bool), n_sigma, control, int(diffusion_mode), diagnostics)
+                   np.zeros(data_shape, dtype=bool), n_sigma, control, int(diffusion_mode), diagnostics, disc)
 
     def with_missing(self, missing: np.ndarray) -> "FenrirProblem":
         return dataclasses.replace(self, missing=missing)
@@ -607,22 +587,17 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, rng, size)
     n_obs, m = problem.missing.shape
     batch = (n_obs,) if size is None else tuple(np.atleast_1d(size))
     n = int(np.prod(batch[:-1])) if len(batch) > 1 else 1
+    span = problem.t_end - ode.t0
     control = problem.control
-    traj = np.empty((n, n_obs, ode.n_states))
-    y_start = y0
-    for segment in problem.segments:  # restarted at each discontinuity, as the likelihood is
-        seen = segment.obs_at >= 0
-        t_a, t_b = segment.grid[0], segment.grid[-1]
-        save_at = np.union1d(segment.grid[seen], [t_b])
-        # The likelihood's grid: steps of at most problem.step, or the same error control.
-        step = None if control.adaptive else min(control.step, t_b - t_a)
-        sol = solve(ode, y_start, theta, (t_a, t_b), solver=problem.solver, step=step,
-                    rtol=control.rtol, atol=control.atol, max_steps=control.max_steps, save_at=save_at,
-                    diffusion=_SOLVE_DIFFUSION.get(problem.diffusion_mode, float(kappa)))
-        if not sol.success:
-            return np.full(batch + (m,), np.nan)
-        traj[:, segment.obs_at[seen]] = sol.sample(n, rng=rng)[:, np.searchsorted(save_at, segment.grid[seen])]
-        y_start = sol.mean[-1]
+    # The likelihood's grid: steps of at most problem.step, or the same error control (and the same restarts).
+    step = None if control.adaptive else min(control.step, span)
+    sol = solve(ode, y0, theta, (ode.t0, problem.t_end), solver=problem.solver, step=step,
+                rtol=control.rtol, atol=control.atol, max_steps=control.max_steps, save_at=problem.times,
+                diffusion=_SOLVE_DIFFUSION.get(problem.diffusion_mode, float(kappa)),
+                discontinuities=problem.discontinuities)
+    if not sol.success:
+        return np.full(batch + (m,), np.nan)
+    traj = sol.sample(n, rng=rng)  # (n, T, d)
     sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64).reshape(-1), (m,))
     out = traj @ problem.obs_matrix.T + rng.standard_normal((n, n_obs, m)) * sigma
     return out.reshape(batch + (m,))
