@@ -202,8 +202,10 @@ def forward_pass(
                 # A controller can shrink its step until even a jump of f in t passes the tolerance; the filter's
                 # derivatives then cannot follow, and the likelihood goes wrong. Stop there (a rare extra check).
                 if n > 0 and floored_kappa(local_kappa) > JUMP_KAPPA_RATIO * local_kappas[n]:
-                    n_f += min(n, 3) + 1
-                    if jumps_in_t(rhs, theta, xi, zhat_p, t_new, grid[max(n - 2, 0):n + 1][::-1], d, jump_work):
+                    jump, n_probe = jumps_in_t(rhs, theta, xi, zhat_p, t_new, grid[max(n - 2, 0):n + 1][::-1], d,
+                                               jump_work)
+                    n_f += n_probe
+                    if jump:
                         status = STATUS_JUMP_IN_T
                         break
             local_kappa = floored_kappa(local_kappa)

@@ -41,7 +41,8 @@ STATUS_MESSAGES = {
 # A step whose local diffusion estimate is this many times that of the step before is checked for a jump of the
 # vector field in t (:func:`jumps_in_t`). Measured (pn.solve, local diffusion): consecutive ratios reach 1e5.5
 # on smooth problems (Van der Pol up to μ = 100, Lorenz, Robertson, Hodgkin-Huxley under a constant input, rtol
-# 1e-4 and 1e-7) and 1e22-1e38 at a switched input, where the controller has shrunk the step to ~1e-5 of the others.
+# 1e-4 and 1e-7) and 1e22-1e37 at switched inputs, where the controller has shrunk the step to ~1e-5 of the others
+# (benchmarks/jump_detection.py).
 JUMP_KAPPA_RATIO = 1e12
 
 # How a forward pass steps: error-controlled (``adaptive``, first trial step ``h0``) or over a fixed grid,
@@ -193,30 +194,32 @@ def fixed_step_failed(
 
 @nb.njit(**INLINE_JIT)
 def jumps_in_t(rhs, theta: np.ndarray, y: np.ndarray, zhat: np.ndarray, t_new: float, t_before: np.ndarray,
-               d: int, work: tuple[np.ndarray, np.ndarray]) -> bool:
+               d: int, work: tuple[np.ndarray, np.ndarray]) -> tuple[bool, int]:
     """Whether the residual ``zhat = E1 μ⁻ − f(y, t_new)`` of a step comes from a jump of the vector field in ``t``.
 
     With ``y = E0 μ⁻`` held fixed, the field is evaluated at ``t_new`` and at the earlier grid times ``t_before``:
     if the residual against ``f(y, t_k)`` instead is at most half of it for some ``t_k``, the residual is due to an
     explicit change of ``f`` between two times a few (collapsed) steps apart, not to the solution's curvature.
     Called only for a step whose local diffusion jumped by :data:`JUMP_KAPPA_RATIO` over the previous one, so
-    smooth fields with a fast explicit time dependence are
-    not tested.
+    smooth fields with a fast explicit time dependence are not tested. Returns the verdict and the number of
+    evaluations of ``f``.
     """
     f_new, f_old = work
     call(rhs, y, t_new, theta, f_new)
     z2 = 0.0
     for k in range(d):
         z2 += zhat[k] * zhat[k]
+    n_f = 1
     for t_k in t_before:
         call(rhs, y, t_k, theta, f_old)
+        n_f += 1
         r2 = 0.0
         for k in range(d):
             r = zhat[k] + f_new[k] - f_old[k]  # the residual E1 μ⁻ − f(y, t_k)
             r2 += r * r
         if r2 <= 0.25 * z2:
-            return True
-    return False
+            return True, n_f
+    return False, n_f
 
 
 @nb.njit(**INLINE_JIT)

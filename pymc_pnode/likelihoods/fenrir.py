@@ -49,6 +49,8 @@ DEFAULT_MAX_STEPS = 20_000
 # Closest allowed stops (t0, observation times and discontinuities), relative to the time span: a step ~1e-8 of
 # the span after one ~1e-2 makes the filter's covariances ill-conditioned (likelihoods off by hundreds of nats).
 MIN_RELATIVE_GAP = 1e-6
+
+
 @dataclass(frozen=True, eq=False)
 class Segment:
     """A stretch of the time span without a declared discontinuity: the kernel's stops (error control) or fixed
@@ -546,13 +548,11 @@ def fenrir_loglik(
         Step cap of an error-controlled solve (default 20,000); a solve that needs more returns
         ``-inf``.
     discontinuities : array_like, optional
-        Times at which the vector field jumps in ``t`` (a switched stimulus, a dose): the solver ends a
-        segment just before each (the field evaluated on the left) and restarts just after it from the
-        mean solution there, its derivative states initialised from the field on the right (Taylor
-        mode) and its covariance from zero, as at ``t0``. An error-controlled step cannot cross such a
-        jump: without it the solve stops there (``-inf``, with a warning that says where). The numerical
-        variance at each restart is not carried over (with error control it is of the order of the
-        tolerance). Times outside ``(t0, times[-1])`` are ignored.
+        Times at which the vector field jumps in ``t`` (a switched stimulus, a dose): the filter restarts
+        at each (:mod:`pymc_pnode.discontinuities`), and the gradient runs through the restarts. Without
+        them an error-controlled solve stops at such a jump (``-inf``, with a warning that says where).
+        The numerical variance at a restart is not carried over (with error control it is of the order
+        of the tolerance). Times outside ``(t0, times[-1])`` are ignored.
     pointwise : bool, default False
         Return the vector of per-observation-time terms (prediction-error decomposition) instead
         of their sum.
