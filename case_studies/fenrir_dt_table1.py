@@ -11,7 +11,8 @@ For every random initialisation (drawn uniformly from the parameter box) these e
   forward-sensitivity gradients, :func:`pymc_pnode.baselines.least_squares_objective`), optimised like the
   Fenrir rows (normalised box, :func:`_lbfgsb`), as in the paper; ``RK-PKG`` is the same objective
   minimised by the package's :func:`pymc_pnode.baselines.rk_least_squares` (scipy's L-BFGS-B with
-  restarts in the parameters' own units: its first step is one unit long, whatever the box);
+  restarts in the parameters' own units; with every parameter boxed its first trial point is
+  ``θ0 - ∇f`` projected onto the box, see :func:`_lbfgsb`);
 * ``OURS+``  -- diffusion tempering with early stopping: ``κ = 10^(20-i)``, ``i = 0..20``
   (:func:`pymc_pnode.tempering_schedule` ``"linear"``), each stage warm-started at the previous
   optimum, bumped inside the box if it sits on a bound; intermediate stages use the loose
