@@ -13,6 +13,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import pymc_pnode as pn
+from pymc_pnode.filtering.odefilter import DIFFUSION_LOCAL
 from pymc_pnode.likelihoods.fenrir import FenrirProblem, StepControl
 
 ON, OFF = 2.0, 5.0  # the input is switched on at t = 2 and off at t = 5
@@ -63,8 +64,8 @@ def exact_loglik(theta, y0=Y0):
 
 @pytest.fixture(scope="module")
 def compiled(ode):
-    """Value and gradient (w.r.t. y0, θ and σ) of the default Fenrir likelihood with the jumps declared, in a
-    fixed step 0.01 with a fixed diffusion and with global calibration."""
+    """Value and gradient (w.r.t. y0, θ and σ) of the Fenrir likelihood with the jumps declared: the defaults, a
+    fixed step 0.005 with a fixed diffusion, and global calibration."""
     y0, theta, sigma = pt.vector("y0"), pt.vector("theta"), pt.scalar("sigma")
     out = {}
     for label, kwargs in [("defaults", {}), ("fixed step", dict(step=0.005, diffusion=1e-3)),
@@ -105,7 +106,7 @@ def test_gradient_through_the_restarts_equals_central_differences(compiled):
 def test_segments_restart_around_each_discontinuity(ode):
     span = TIMES[-1]
     problem = FenrirProblem.build(ode, TIMES, DATA.shape, None, 1, pn.EK1(3), StepControl(),
-                                  0, discontinuities=[OFF, 9.0, ON, ON, 0.0])
+                                  DIFFUSION_LOCAL, discontinuities=[OFF, 9.0, ON, ON, 0.0])
     grids = [s.grid for s in problem.segments]
     assert len(grids) == 3  # 9 and 0 lie outside (t0, times[-1]); the repeated 2 counts once
     assert grids[0][0] == 0.0 and grids[2][-1] == span
@@ -115,7 +116,7 @@ def test_segments_restart_around_each_discontinuity(ode):
     np.testing.assert_array_equal(rows, np.arange(TIMES.size))  # every observation once, in order
     at_on = int(np.flatnonzero(TIMES == ON)[0])
     assert problem.segments[0].obs_at[-1] == at_on  # an observation at a jump closes the segment before it
-    fixed = FenrirProblem.build(ode, TIMES, DATA.shape, None, 1, pn.EK1(3), StepControl(step=0.1), 0,
+    fixed = FenrirProblem.build(ode, TIMES, DATA.shape, None, 1, pn.EK1(3), StepControl(step=0.1), DIFFUSION_LOCAL,
                                 discontinuities=[ON, OFF])
     for segment in fixed.segments:
         assert np.all(np.diff(segment.grid) <= 0.1 + 1e-12)
@@ -125,7 +126,7 @@ def test_segments_restart_around_each_discontinuity(ode):
 def test_an_undeclared_jump_gives_minus_infinity_and_says_where(ode, theta):
     """Without the declaration the controller can shrink its step until the jump passes the tolerance, and the
     likelihood was then finite and wrong (-25434 against the exact -21075 at θ = (6, 1), before the check)."""
-    problem = FenrirProblem.build(ode, TIMES, DATA.shape, None, 1, pn.EK1(3), StepControl(), 2)
+    problem = FenrirProblem.build(ode, TIMES, DATA.shape, None, 1, pn.EK1(3), StepControl(), DIFFUSION_LOCAL)
     with pytest.warns(pn.AccuracyWarning, match=r"jump of the vector field in t.*discontinuities=\[\.\.\.\]"):
         terms, _ = problem.evaluate(Y0, theta, DATA, SIGMA, 1.0)
     assert np.all(terms == -np.inf)
