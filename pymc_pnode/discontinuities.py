@@ -30,6 +30,17 @@ def segment_bounds(t0: float, t1: float, discontinuities: np.ndarray) -> list[tu
             for i, (a, b) in enumerate(zip(edges[:-1], edges[1:]))]
 
 
+def split_times(t0: float, t1: float, discontinuities: np.ndarray, times: np.ndarray) -> list[tuple]:
+    """Per segment of :func:`segment_bounds`: ``(start, end, rows, at)`` with the indices ``rows`` of the ``times`` that
+    belong to it (:func:`segment_of`) and those times moved into it (a time at a jump to the segment's end)."""
+    which = segment_of(times, discontinuities)
+    out = []
+    for s, (start, end) in enumerate(segment_bounds(t0, t1, discontinuities)):
+        rows = np.flatnonzero(which == s)
+        out.append((start, end, rows, np.clip(times[rows], start, end)))
+    return out
+
+
 def segment_of(times: np.ndarray, discontinuities: np.ndarray) -> np.ndarray:
     """The segment of each time: a time at a jump belongs to the segment that ends there (the solution is
     continuous; only its derivative jumps)."""

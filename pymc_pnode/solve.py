@@ -11,7 +11,7 @@ from typing import ClassVar
 import numpy as np
 
 from pymc_pnode._jit import readonly
-from pymc_pnode.discontinuities import segment_bounds, segment_of
+from pymc_pnode.discontinuities import segment_of, split_times
 from pymc_pnode.filtering.calibration import global_kappa
 from pymc_pnode.filtering.odefilter import (
     DIFFUSION_FIXED,
@@ -488,10 +488,9 @@ class PiecewiseSolution:
 def _solve_piecewise(ode: ODE, y0: np.ndarray, theta: np.ndarray, t_span: tuple[float, float],
                      discontinuities: np.ndarray, save_at: np.ndarray | None, options: dict) -> PiecewiseSolution:
     """:func:`solve` segment by segment between the ``discontinuities``, each from the mean where the last ended."""
-    which = None if save_at is None else segment_of(save_at, discontinuities)
     pieces, times, y_start = [], [], y0
-    bounds = segment_bounds(*t_span, discontinuities)
-    for s, (start, end) in enumerate(bounds):
+    bounds = split_times(*t_span, discontinuities, np.empty(0) if save_at is None else save_at)
+    for s, (start, end, rows, at) in enumerate(bounds):
         step = options["step"] if options["step"] is None else min(options["step"], end - start)
         if save_at is None:  # every step
             sol = solve(ode, y_start, theta, (start, end), **{**options, "step": step})
@@ -499,8 +498,6 @@ def _solve_piecewise(ode: ODE, y0: np.ndarray, theta: np.ndarray, t_span: tuple[
             outputs = np.arange(sol.t.size if last else sol.t.size - 1)
             times.append(sol.t[outputs])
         else:
-            rows = np.flatnonzero(which == s)
-            at = np.clip(save_at[rows], start, end)  # an output time at a jump: where the segment ends
             sol = solve(ode, y_start, theta, (start, end), **{**options, "step": step}, save_at=np.union1d(at, [end]))
             outputs = np.flatnonzero(np.isin(sol.t, at))
             times.append(save_at[rows][: outputs.size])

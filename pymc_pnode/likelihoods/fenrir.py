@@ -23,7 +23,7 @@ from pytensor.tensor.rewriting.basic import register_specialize
 
 from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import RESCALE, AccuracyWarning, SolverDiagnostics, needs_rounding_check, reproducible
-from pymc_pnode.discontinuities import segment_bounds, segment_of
+from pymc_pnode.discontinuities import split_times
 from pymc_pnode.filtering.fenrir import FenrirArguments, FenrirFunctions, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS, Stepping
@@ -69,10 +69,7 @@ def build_segments(
     end; a fixed ``step`` fills them with :func:`~pymc_pnode.solve.fixed_grid`.
     """
     segments = []
-    which = segment_of(times, discontinuities)
-    for s, (start, end) in enumerate(segment_bounds(t0, float(times[-1]), discontinuities)):
-        rows = np.flatnonzero(which == s)
-        at = np.minimum(times[rows], end)  # an observation at a jump: where the segment ends, just before it
+    for start, end, rows, at in split_times(t0, float(times[-1]), discontinuities, times):
         stops = np.union1d([start, end], at)
         if step is None:
             grid = stops
