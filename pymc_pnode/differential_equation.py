@@ -23,7 +23,7 @@ from pytensor.graph.op import Op
 from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import SolverDiagnostics
 from pymc_pnode.classical.dopri import dopri_backward, dopri_forward
-from pymc_pnode.filtering.stepping import STATUS_SUCCESS
+from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
 from pymc_pnode.validation import validate_times
@@ -76,7 +76,8 @@ class DopriSolver:
             self.ode.rhs.address, theta.copy(), y0, self.ode.t0, self.times, c.rtol, c.atol, c.max_steps
         )
         failed = status != STATUS_SUCCESS
-        self.diagnostics.record(ts.size - 1, n_rejected, 0.0, failed)
+        failure = f"{STATUS_MESSAGES[int(status)]}, at t = {ts[-1]:.6g}" if failed else ""
+        self.diagnostics.record(ts.size - 1, n_rejected, 0.0, failed, failure=failure)
         return ys, ts, traj, np.array([-np.inf if failed else 0.0])
 
     def backward(self, theta, ts, traj, g_ys):

@@ -21,10 +21,12 @@ import pytensor.tensor as pt
 from pytensor.gradient import DisconnectedType
 from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
+from pytensor.tensor.linalg import block_diag
 
 from pymc_pnode._jit import readonly, register_numba
 from pymc_pnode.accuracy import RESCALE, SolverDiagnostics, needs_rounding_check, reproducible
 from pymc_pnode.differential_equation import flag_failed_solve
+from pymc_pnode.discontinuities import split_times
 from pymc_pnode.filtering.structure import STRUCTURES
 from pymc_pnode.filtering.tangents import (
     StepTangents,
@@ -36,7 +38,7 @@ from pymc_pnode.filtering.tangents import (
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
 from pymc_pnode.solve import ODEFilter, solve, validate_filter, validate_ode
-from pymc_pnode.validation import validate_times
+from pymc_pnode.validation import validate_discontinuities, validate_times
 
 __all__ = ["PNSolutionProblem", "probabilistic_solution"]
 
@@ -67,8 +69,14 @@ class PNSolutionProblem:
     diffusion: float | None
     smooth: bool = False
     joint_cov: bool = False
+    t_start: float | None = None  # where the solve starts (default ``ode.t0``; a segment after a discontinuity)
     diagnostics: SolverDiagnostics = field(default_factory=lambda: SolverDiagnostics(label="probabilistic_solution"),
                                            repr=False)
+
+    @property
+    def start(self) -> float:
+        """The time of ``y0`` (``ode.t0`` unless the problem is a segment that restarts after a jump)."""
+        return self.ode.t0 if self.t_start is None else self.t_start
 
     @property
     def n_directions(self) -> int:
@@ -91,15 +99,16 @@ class PNSolutionProblem:
         # writable copies of the right sizes (the generated functions take writable arrays)
         y0 = np.array(y0, dtype=np.float64).reshape(d)
         theta = np.array(theta, dtype=np.float64).reshape(ode.n_theta)
-        sol = solve(ode, y0, theta, (ode.t0, float(self.times[-1])), solver=self.solver, step=self.step,
+        sol = solve(ode, y0, theta, (self.start, float(self.times[-1])), solver=self.solver, step=self.step,
                     rtol=self.rtol, atol=self.atol, save_at=self.times, smooth=self.smooth,
                     max_steps=self.max_steps, diffusion="calibrated" if self.diffusion is None else self.diffusion)
         if not sol.success:
-            self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], 0.0, failed=True)
+            self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], 0.0, failed=True,
+                                    failure=f"{sol.stats['message']}, at t = {sol.stats['t_final']:.6g}")
             return self._failed(sol, y0)
         taylor_jac = ode.taylor_functions(q)[1]
         dy, dp = np.empty((q + 1, d, d)), np.empty((q + 1, d, ode.n_theta))
-        taylor_jac(y0, ode.t0, theta, dy, dp)
+        taylor_jac(y0, self.start, theta, dy, dp)
         seeds = np.concatenate([dy, dp], axis=2).reshape((q + 1) * d, self.n_directions)
         jac_mean, jac_std, cov, jac_cov, rounding = self._jacobians(sol, theta, seeds)
         refused = False
@@ -228,6 +237,7 @@ def probabilistic_solution(
     diffusion: float | None = None,
     smooth: bool = False,
     joint_cov: bool = False,
+    discontinuities=None,
     name: str = "pn_solution",
 ) -> tuple[pt.TensorVariable, ...]:
     r"""The ODE filter's mean and standard deviation of ``y(t)`` at ``times`` (and their covariance across
@@ -273,6 +283,15 @@ def probabilistic_solution(
     joint_cov : bool, default False
         Also return the covariance of the solution across ``times`` (requires ``smooth=True``: the joint
         distribution is the smoothing posterior's).
+    discontinuities : array_like, optional
+        Times in ``(t0, times[-1])`` where the vector field jumps in ``t`` (a switched input, an infusion
+        started or stopped): the solve ends just before each and restarts just after it from the mean solution
+        there, with zero covariance (:mod:`pymc_pnode.discontinuities`; the same numbers as
+        :func:`pymc_pnode.solve` with these ``discontinuities``). The segments' numerical errors are then
+        independent: ``cov`` is block-diagonal over them, and the numerical variance at a restart is not
+        carried over (it is of the order of the tolerance under error control). The gradients run through the
+        restarts. Without it an error-controlled solve stops at an undeclared jump (the likelihood is ``-inf``
+        with a warning that names the time).
     name : str
         Prefix of the potential that flags failed solves inside a model (``"<name>_failed"``: ``-inf``
         when the solve fails, 0 otherwise); outside a model a failed solve gives NaN.
@@ -301,9 +320,33 @@ def probabilistic_solution(
     control = StepControl(step, rtol, atol, max_steps)  # validates them now, naming the argument
     if step is not None and step > times[-1] - ode.t0:
         raise ValueError(f"step must not exceed the time span times[-1] - t0 = {times[-1] - ode.t0!r}, got {step!r}")
-    problem = PNSolutionProblem(ode, times, solver, control.step, control.rtol, control.atol, int(control.max_steps),
-                                None if diffusion is None else float(diffusion), bool(smooth), bool(joint_cov))
-    y0_t, theta_t = ode.y0_tensor(y0), ode.theta_tensor(theta)
-    mean, std, cov, *_, log_ok = PNSolutionOp(problem)(y0_t, theta_t)
-    outputs = flag_failed_solve(name, log_ok, mean, std, cov)
-    return tuple(outputs) if joint_cov else tuple(outputs[:2])
+    disc = validate_discontinuities(discontinuities, ode.t0, float(times[-1]))
+    settings = dict(solver=solver, rtol=control.rtol, atol=control.atol, max_steps=int(control.max_steps),
+                    diffusion=None if diffusion is None else float(diffusion), smooth=bool(smooth),
+                    joint_cov=bool(joint_cov))
+    y_start, theta_t = ode.y0_tensor(y0), ode.theta_tensor(theta)
+    means, stds, covs, log_ok = [], [], [], None
+    for start, end, _, at in split_times(ode.t0, float(times[-1]), disc, times):
+        # each segment solves to its end (the next starts from the mean there) and reports its own output times
+        seg_times = np.union1d(at, [end])
+        seg_step = None if control.step is None else min(control.step, end - start)
+        problem = PNSolutionProblem(ode, seg_times, step=seg_step, t_start=None if disc.size == 0 else start,
+                                    **settings)
+        seg_mean, seg_std, seg_cov, *_, seg_ok = PNSolutionOp(problem)(y_start, theta_t)
+        log_ok = seg_ok if log_ok is None else log_ok + seg_ok
+        y_start = seg_mean[-1]
+        keep = np.searchsorted(seg_times, at)
+        if keep.size < seg_times.size:  # the segment's end is not an output time
+            rows = (keep[:, None] * ode.n_states + np.arange(ode.n_states)).ravel()
+            seg_mean, seg_std = seg_mean[keep], seg_std[keep]
+            seg_cov = seg_cov[rows][:, rows] if joint_cov else seg_cov
+        means.append(seg_mean)
+        stds.append(seg_std)
+        covs.append(seg_cov)
+    if disc.size == 0:
+        mean, std, cov = means[0], stds[0], covs[0]
+    else:  # independent segments (each restarts with zero covariance): block-diagonal across them
+        mean, std = pt.concatenate(means), pt.concatenate(stds)
+        cov = block_diag(*covs) if joint_cov else None
+    outputs = flag_failed_solve(name, log_ok, mean, std, *([cov] if joint_cov else []))
+    return tuple(outputs)

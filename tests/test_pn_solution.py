@@ -9,6 +9,7 @@ import pytensor.tensor as pt
 import pytest
 
 import pymc_pnode as pn
+from tests import test_fenrir_discontinuities as chain
 from tests.conftest import central_differences, fitzhugh_nagumo, lotka_volterra
 
 
@@ -302,3 +303,55 @@ def test_joint_covariance_equals_dense_gaussian_conditioning(lv_ode):
     np.testing.assert_array_equal(mean_t.eval(), sol.mean)
     np.testing.assert_array_equal(std_t.eval(), sol.std)
     np.testing.assert_allclose(cov_t.eval(), joint, rtol=1e-12, atol=1e-14 * np.abs(joint).max())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# declared jumps of the vector field in t: a two-compartment chain driven by an input switched on at 2 and off at 5
+# (the system of tests/test_fenrir_discontinuities.py)
+DRIVEN_TIMES = np.array([0.0, 0.5, 2.0, 3.0, 4.5, 5.0, 6.0, 8.0])  # t0 and both switching times among them
+
+
+@pytest.fixture(scope="module")
+def driven():
+    return pn.ODE(chain._field, n_states=2, n_theta=2)
+
+
+@pytest.mark.parametrize("kwargs", [dict(step=0.01), dict()], ids=["fixed-step", "adaptive"])
+def test_discontinuities_values_equal_piecewise_solve_and_reference_and_gradients_match(driven, kwargs):
+    rng = np.random.default_rng(5)
+    weights = rng.standard_normal((2, DRIVEN_TIMES.size, 2))
+    weights[1, 0] = 0.0  # log std is -inf at t0
+    y0, theta = pt.dvector("y0"), pt.dvector("theta")
+    mean, std, cov = pn.probabilistic_solution(driven, y0, theta, DRIVEN_TIMES, discontinuities=[chain.OFF, chain.ON],
+                                               smooth=True, joint_cov=True, **kwargs)
+    fixed = "step" in kwargs  # error control: the covariances change with the chosen steps (see above)
+    objective = pt.sum(weights[0] * mean) + float(fixed) * pt.sum(weights[1, 1:] * pt.log(std[1:]))
+    values = pytensor.function([y0, theta], [mean, std, cov, *pt.grad(objective, [y0, theta])])
+    m, s, c, g_y0, g_theta = values(chain.Y0, chain.THETA)
+    sol = pn.solve(driven, chain.Y0, chain.THETA, (0.0, 8.0), save_at=DRIVEN_TIMES, smooth=True,
+                   discontinuities=[chain.ON, chain.OFF], diffusion="calibrated", **kwargs)
+    np.testing.assert_array_equal(m, sol.mean)
+    np.testing.assert_array_equal(s, sol.std)
+    np.testing.assert_array_equal(c, sol.joint_cov().reshape(c.shape))
+    # block-diagonal over the three segments [0, 2], (2, 5], (5, 8]
+    block = np.searchsorted([chain.ON, chain.OFF], DRIVEN_TIMES, side="left").repeat(2)
+    assert np.all(c[block[:, None] != block[None, :]] == 0.0)
+    assert np.abs(c[(block[:, None] == block[None, :]) & ~np.eye(block.size, dtype=bool)]).max() > 0
+    exact = chain.reference(chain.THETA, times=DRIVEN_TIMES[1:])
+    np.testing.assert_allclose(m[1:], exact, atol=1e-5)  # the solution mean through both switches
+    value = pytensor.function([y0, theta], objective)
+    rtol = 1e-6 if fixed else 1e-3
+    for grad, fd in zip((g_y0, g_theta), central_differences(value, chain.Y0, chain.THETA)):
+        np.testing.assert_allclose(grad, fd, rtol=rtol, atol=rtol * np.abs(fd).max())
+
+
+def test_undeclared_jump_is_minus_inf_and_bad_discontinuities_raise(driven):
+    with pm.Model() as model:
+        a = pm.LogNormal("a", np.log(chain.THETA[0]), 0.1)
+        mean, std = pn.probabilistic_solution(driven, chain.Y0, pt.stack([a, chain.THETA[1]]), DRIVEN_TIMES[1:])
+        pm.Normal("obs", mu=mean[:, 0], sigma=pt.sqrt(0.01 + std[:, 0] ** 2), observed=np.ones(DRIVEN_TIMES.size - 1))
+    with pytest.warns(pn.AccuracyWarning, match="jump of the vector field in t.*at t = 2"):  # stops there, says so
+        assert model.compile_logp()({"a_log__": np.log(chain.THETA[0])}) == -np.inf
+    for bad in ([chain.ON, np.nan], ["x"], [[chain.ON, chain.OFF]]):
+        with pytest.raises(ValueError, match="discontinuities"):
+            pn.probabilistic_solution(driven, chain.Y0, chain.THETA, DRIVEN_TIMES, discontinuities=bad)

@@ -34,7 +34,8 @@ STATUS_MESSAGES = {
     ),
     STATUS_JUMP_IN_T: (
         "the filter's smooth prior cannot step across a jump of the vector field in t (a switched input, a dose?; "
-        "declare its time in discontinuities=[...] of pn.solve, pn.Fenrir or pn.fenrir_loglik) just after the "
+        "declare its time in discontinuities=[...] of pn.solve, pn.Fenrir, pn.fenrir_loglik or "
+        "pn.probabilistic_solution) just after the "
         "last step"
     ),
 }
