@@ -99,6 +99,8 @@ HH_FREE = ("g_na", "g_k", "g_leak")  # the first 1, 2 or 3 are estimated (DT Tab
 # 7.8 mV at the truth; error-controlled steps collapse at the stimulus onset; half the step fails at 12 % of the box
 # (scattered between 39 and 80; fenrir_dt_table1.ipynb measures all three).
 HH_STEP = 0.005
+# Error-controlled Fenrir (the package's defaults) with the stimulus' jumps declared: the "HH1-EC".."HH3-EC" problems
+HH_JUMPS = (10.0, 90.0)
 
 
 def _hh_rates(v, exp):
@@ -127,14 +129,15 @@ def _hh_initial_state() -> np.ndarray:
     return np.array([v0, am / (am + bm), an / (an + bn), ah / (ah + bh)])
 
 
-def _hh_problem(n_free: int) -> dict:
+def _hh_problem(n_free: int, error_control: bool = False) -> dict:
     bounds = {"g_na": (0.5, 80.0), "g_k": (1e-4, 15.0), "g_leak": (1e-4, 0.8)}  # DT Table 5
     names = list(HH_FREE[:n_free])
     return dict(
-        name=f"Hodgkin-Huxley, {n_free} parameter{'s' * (n_free > 1)}",
+        name=f"Hodgkin-Huxley, {n_free} parameter{'s' * (n_free > 1)}{', error-controlled Fenrir' * error_control}",
         func=lambda y, t, p: _hh_field(y, t, p, pt.exp, pt.switch),
         func_np=lambda t, y, p: _hh_field(y, t, p, np.exp, np.where),
-        y0=_hh_initial_state(), t_end=100.0, H=np.array([[1.0, 0.0, 0.0, 0.0]]), step=HH_STEP,
+        y0=_hh_initial_state(), t_end=100.0, H=np.array([[1.0, 0.0, 0.0, 0.0]]),
+        fenrir=dict(step=None, discontinuities=HH_JUMPS) if error_control else dict(step=HH_STEP),
         theta_true=np.array([HH_FIXED[k] for k in names]), names=names,
         lb=np.array([bounds[k][0] for k in names]), ub=np.array([bounds[k][1] for k in names]),
     )
@@ -159,6 +162,7 @@ PROBLEMS = {
         lb=np.full(4, 1e-3), ub=np.full(4, 5.0),
     ),
     **{f"HH{k}": _hh_problem(k) for k in (1, 2, 3)},
+    **{f"HH{k}-EC": _hh_problem(k, error_control=True) for k in (1, 2, 3)},
 }
 
 
@@ -211,7 +215,8 @@ class FenrirObjective:
         log_kappa = pt.scalar("log_kappa")
         ll = pn.fenrir_loglik(self.ode, spec["y0"], theta, self.times, self.data,
                               obs_matrix=spec["H"], obs_sigma=np.sqrt(OBS_VAR),
-                              diffusion=pt.exp(log_kappa), solver=pn.EK1(order=3), step=spec.get("step", STEP))
+                              diffusion=pt.exp(log_kappa), solver=pn.EK1(order=3),
+                              **spec.get("fenrir", dict(step=STEP)))
         g_theta, g_logk = pytensor.grad(ll, [theta, log_kappa])
         self._fn = pytensor.function([theta, log_kappa], [ll, g_theta, g_logk])
         self.n_evals = 0

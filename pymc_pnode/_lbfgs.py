@@ -5,7 +5,8 @@ ODE objectives have infeasible regions: a trial point whose solve diverges has n
 Such points are given a huge finite value and a zero gradient, so that L-BFGS-B's line search
 backtracks. The line search then often stalls and scipy stops with a "relative reduction" or
 "ABNORMAL" message at a point that is not stationary; the same happens when ``|f|`` is huge and the
-first (unit-length) step is cut back to a tiny one. We restart from the last accepted point: at full
+first trial step (``x0 - ∇f``: one unit long for unbounded variables, projected onto the box when every variable
+is boxed) is cut back to a tiny one. We restart from the last accepted point: at full
 scale after a run that improved the objective without meeting infeasible points, otherwise in
 coordinates scaled by a further 1/10 (a ten times shorter first step), up to ``max_restarts`` times.
 Restarted runs use ``ftol = 0``: a restart discards the quasi-Newton memory, so its first iteration is

@@ -336,8 +336,9 @@ class SolverDiagnostics:
         if self.n_unreliable_gradient:
             parts.append(
                 f"{self.n_unreliable_gradient} of {self.n_evaluations} evaluations were refused (-inf) because their "
-                f"gradient was rounding noise (the filter's gain is huge there, e.g. near an unstable invariant "
-                f"set of the ODE; see docs/fenrir.md, 'Gradients on strongly unstable invariant sets')."
+                f"gradient was rounding noise: computed at two scales, the two disagreed (the filter's covariance "
+                f"updates amplify rounding errors there; one known cause is an unstable invariant set of the ODE, see "
+                f"docs/fenrir.md, 'Gradients on strongly unstable invariant sets')."
             )
         return f"{self.label}: " + " ".join(parts)
 
