@@ -103,11 +103,14 @@ _FENRIR_FUNCTIONS_T = nb.types.NamedUniTuple(FN, 6, FenrirFunctions)  # (typeof 
 # steps must hit; ``stop_obs[j]`` is the data row observed at ``stops[j]`` (or -1). ``control.h0`` is
 # ignored (the kernel chooses the first step). ``end_cotangent`` (length d) is a cotangent on the solution
 # mean at the last stop, added to ``cotangent · terms`` (a later segment restarted from that mean depends on it).
+# ``sweep_budget``: bytes that a dense reverse sweep may hold for its data phase before it runs checkpointed.
 FenrirArguments = namedtuple(
     "FenrirArguments",
     ["y0", "theta", "rq", "ek1", "kappa", "diffusion_mode", "control", "stops", "stop_obs", "data", "cmat", "sigma",
-     "sigma_dir", "n_sigma", "want_grad", "cotangent", "end_cotangent"],
+     "sigma_dir", "n_sigma", "want_grad", "cotangent", "end_cotangent", "sweep_budget"],
 )
+# The kernel's answer when a dense reverse sweep would exceed ``sweep_budget``: run the checkpointed kernel.
+STATUS_CHECKPOINTS = 100
 # The backward Kalman filter's states before and after the data at each grid point, and its gains.
 DataFilterRun = namedtuple("DataFilterRun", ["m_pre", "r_pre", "m_post", "r_post", "gs"])
 # What the data filter's adjoint leaves for the ODE filter's: its deposits on (μ_n, Σ_n), each step's κ̄
@@ -123,7 +126,7 @@ def _fenrir_signature(structure: str) -> tuple:
     arguments = nb.types.NamedTuple(
         [nb.float64[::1], nb.float64[::1], nb.float64[:, ::1], nb.boolean, nb.float64, nb.int64, STEPPING_T,
          nb.float64[::1], nb.int64[::1], nb.float64[:, ::1], nb.float64[:, ::1], nb.float64[::1], nb.int64[::1],
-         nb.int64, nb.boolean, nb.float64[::1], nb.float64[::1]],
+         nb.int64, nb.boolean, nb.float64[::1], nb.float64[::1], nb.float64],
         FenrirArguments,
     )
     root = nb.float64[:, ::1] if structure == DENSE else nb.float64[:, :, ::1]
@@ -132,8 +135,15 @@ def _fenrir_signature(structure: str) -> tuple:
 
 @nb.njit(inline="always", **INLINE_JIT)
 def _data_filter(run: ForwardRun, obs_at: np.ndarray, model: ObservationModel, rq: np.ndarray, q: int, d: int,
-                 terms: np.ndarray, keep: bool) -> tuple[DataFilterRun, bool]:
+                 terms: np.ndarray, keep: bool, start: tuple[np.ndarray, np.ndarray, bool]
+                 ) -> tuple[DataFilterRun, bool, np.ndarray, np.ndarray]:
     """The backward Kalman filter on the data: ``terms[i]`` = log p(data[i] | later data); False if not finite.
+
+    ``start = (mean, root, update_first)``: the filter's state at the run's last point before its data (the ODE
+    filter's last state for a whole run); ``update_first`` says whether the data at the run's first point are
+    conditioned on here (a checkpointed sweep's interval leaves them to the interval below, which ends there).
+    Returns the store (``keep``), whether it stayed finite and the state at the first point (before its data
+    unless ``update_first``).
 
     (Here and below the bundles are unpacked before the loops: numba counts a reference at every read of
     a tuple member, which in the loops cost ≈ 20 % of the evaluation.)
@@ -146,8 +156,9 @@ def _data_filter(run: ForwardRun, obs_at: np.ndarray, model: ObservationModel, r
     store = DataFilterRun(np.empty((n_store, dd)), np.empty((n_store, dd, dd)), np.empty((n_store, dd)),
                           np.empty((n_store, dd, dd)), np.empty((n_store, dd, dd)))
     m_pre, r_pre, m_post, r_post, gs = store
-    mean = mu[n_pts - 1].copy()
-    root = r[n_pts - 1].copy()
+    start_mean, start_root, update_first = start
+    mean = start_mean.copy()
+    root = start_root.copy()
     upd_work = data_update_work(dd, model.data.shape[1])
     work = backward_work(dd)
     gt = work.gt
@@ -156,7 +167,7 @@ def _data_filter(run: ForwardRun, obs_at: np.ndarray, model: ObservationModel, r
             m_pre[n] = mean
             r_pre[n] = root
         i = obs_at[n]
-        if i >= 0 and n_seen[i] > 0:
+        if i >= 0 and n_seen[i] > 0 and (n > 0 or update_first):
             terms[i] = data_update_sqrt(model, i, mean, root, upd_work)
         if keep:
             m_post[n] = mean
@@ -170,16 +181,23 @@ def _data_filter(run: ForwardRun, obs_at: np.ndarray, model: ObservationModel, r
                 for j in range(dd):
                     g[i, j] = gt[j, i]
         if not (all_finite(mean) and all_finite(root)):
-            return store, False
-    return store, all_finite(terms)
+            return store, False, mean, root
+    return store, all_finite(terms), mean, root
 
 
 @nb.njit(inline="always", **INLINE_JIT)
 def _data_filter_adjoint(
     run: ForwardRun, store: DataFilterRun, obs_at: np.ndarray, model: ObservationModel, cotangent: np.ndarray,
-    rq: np.ndarray, q: int, d: int, grad_sigma: np.ndarray,
-) -> tuple[Deposits, bool]:
-    """Adjoint of :func:`_data_filter` (forward in time): the deposits on the ODE filter's ``(μ_n, Σ_n)``."""
+    rq: np.ndarray, q: int, d: int, grad_sigma: np.ndarray, carry: tuple[Cotangent, bool, bool],
+) -> tuple[Deposits, bool, Cotangent]:
+    """Adjoint of :func:`_data_filter` (forward in time): the deposits on the ODE filter's ``(μ_n, Σ_n)``.
+
+    ``carry = (start, update_first, deposit_last)``: the adjoint of the data filter's state at the run's first
+    point (zero for a whole run), whether the data there were conditioned on in this run (see
+    :func:`_data_filter`), and whether the adjoint reached at the last point is deposited on the ODE filter's
+    last state (a whole run, or a checkpointed sweep's last interval) or only returned, with the deposits, for
+    the next interval.
+    """
     dd = (q + 1) * d
     _, _, _, _, mu_pred, r_pred, _, _, steps, _, _ = run
     m_pre, r_pre, m_post, r_post, gs = store
@@ -189,7 +207,8 @@ def _data_filter_adjoint(
     dep = Deposits(np.zeros((n_pts, dd)), np.zeros((n_pts, dd, dd)), np.zeros(n_pts), np.empty((n_pts, dd, dd)),
                    np.zeros(1))
     inj_mu, inj_sig, kbar_step, sig_pred, _ = dep
-    bar = Cotangent(np.zeros(dd), np.zeros((dd, dd)))
+    start, update_first, deposit_last = carry
+    bar = Cotangent(start.mean.copy(), start.cov.copy())
     mbar, sbar = bar
     sig_pre = np.empty((dd, dd))
     sig_next = np.empty((dd, dd))
@@ -201,14 +220,15 @@ def _data_filter_adjoint(
     mean_diff = np.empty(dd)
     for n in range(n_pts):
         i = obs_at[n]
-        if i >= 0 and n_seen[i] > 0:
+        if i >= 0 and n_seen[i] > 0 and (n > 0 or update_first):
             matmul_tn(r_pre[n], r_pre[n], sig_pre)
             if not data_update_adjoint(model, i, m_pre[n], sig_pre, cotangent[i], bar, obs, out, upd_work,
                                        grad_sigma):
-                return dep, False
+                return dep, False, bar
         if n == n_pts - 1:
-            inj_mu[n] += mbar
-            inj_sig[n] += sbar
+            if deposit_last:
+                inj_mu[n] += mbar
+                inj_sig[n] += sbar
             break
         # backward step n+1 → n
         sig_pred_n, inj_mu_n, inj_sig_n, step = sig_pred[n + 1], inj_mu[n], inj_sig[n], steps[n + 1]
@@ -224,7 +244,7 @@ def _data_filter_adjoint(
         inj_mu_n += vec_b
         inj_sig_n += ymat
     dep.rounding[0] = out.rounding[0]
-    return dep, True
+    return dep, True, bar
 
 
 @nb.njit(inline="always", **INLINE_JIT)
@@ -236,11 +256,15 @@ def _dense_data_phase(run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments
     """
     dd = (q + 1) * d
     model = observation_model(args.data, args.cmat, args.sigma, args.sigma_dir)
-    store, finite = _data_filter(run, obs_at, model, rq, q, d, terms, args.want_grad)
+    last = run.mu.shape[0] - 1
+    store, finite, _, _ = _data_filter(run, obs_at, model, rq, q, d, terms, args.want_grad,
+                                       (run.mu[last], run.r[last], True))
     if not (finite and args.want_grad):
         empty = Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), np.zeros(0), np.zeros((0, dd, dd)), np.zeros(1))
         return empty, finite
-    return _data_filter_adjoint(run, store, obs_at, model, args.cotangent, rq, q, d, grad_sigma)
+    no_carry = (Cotangent(np.zeros(dd), np.zeros((dd, dd))), True, True)
+    dep, finite, _ = _data_filter_adjoint(run, store, obs_at, model, args.cotangent, rq, q, d, grad_sigma, no_carry)
+    return dep, finite
 
 
 @nb.njit(inline="always", **INLINE_JIT)
@@ -272,12 +296,15 @@ def _block_data_phase(run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments
         run1 = ForwardRun(grid, stop, mu1, np.ascontiguousarray(r[:, b]), mu_pred1,
                           np.ascontiguousarray(r_pred[:, b]), lin, zhat, steps, kappa, local_kappa)
         terms1[:] = 0.0
-        store, finite = _data_filter(run1, obs_at, model, rq, q, 1, terms1, want)
+        store, finite, _, _ = _data_filter(run1, obs_at, model, rq, q, 1, terms1, want,
+                                           (mu1[n_pts - 1], run1.r[n_pts - 1], True))
         if not finite:
             return dep, False
         terms += terms1
         if want:
-            dep1, finite = _data_filter_adjoint(run1, store, obs_at, model, args.cotangent, rq, q, 1, grad_sigma)
+            no_carry = (Cotangent(np.zeros(q1), np.zeros((q1, q1))), True, True)
+            dep1, finite, _ = _data_filter_adjoint(run1, store, obs_at, model, args.cotangent, rq, q, 1, grad_sigma,
+                                                   no_carry)
             if not finite:
                 return dep, False
             for n in range(n_pts):
@@ -417,6 +444,135 @@ def _block_filter_adjoint(
     return bar, True, work.out.rounding[0]
 
 
+@nb.njit(**INLINE_JIT)
+def _run_interval(run: ForwardRun, a: int, b: int) -> ForwardRun:
+    """The grid points ``a, ..., b`` of a kept run (views)."""
+    e = b + 1
+    return ForwardRun(run.grid[a:e], run.stop[a:e], run.mu[a:e], run.r[a:e], run.mu_pred[a:e], run.r_pred[a:e],
+                      run.lin[a:e], run.zhat[a:e], run.step[a:e], run.kappa[a:e], run.local_kappa[a:e])
+
+
+def checkpoint_interval(n_pts: int) -> int:
+    """Grid steps per interval of a checkpointed sweep of ``n_pts`` grid points: about ``√(0.4 n_pts)``, which
+    minimises what the sweep holds at once (one interval's store and deposits, five ``D×D`` matrices per point,
+    and two at every interval bound)."""
+    return max(1, int(round(math.sqrt(0.4 * n_pts))))
+
+
+checkpoint_interval_jit = nb.njit(**INLINE_JIT)(checkpoint_interval)
+
+# Bytes of the data phase's store and deposits per grid point of a dense run (what a checkpointed sweep recomputes).
+@nb.njit(**INLINE_JIT)
+def data_phase_bytes_per_point(dd: int) -> float:
+    return 8.0 * (5.0 * dd * dd + 3.0 * dd + 1.0)
+
+
+# The checkpointed sweep calls each phase at several places: there they are outlined, one compiled copy each,
+# rather than inlined at every call site (which more than doubled the kernel's cold compile).
+_OUTLINED_JIT = dict(INLINE_JIT, forceinline=False)
+
+
+@nb.njit(**_OUTLINED_JIT)
+def _interval_data_filter(run, obs_at, model, rq, q, d, terms, keep, start):
+    return _data_filter(run, obs_at, model, rq, q, d, terms, keep, start)
+
+
+@nb.njit(**_OUTLINED_JIT)
+def _interval_data_adjoint(run, store, obs_at, model, cotangent, rq, q, d, grad_sigma, carry):
+    return _data_filter_adjoint(run, store, obs_at, model, cotangent, rq, q, d, grad_sigma, carry)
+
+
+@nb.njit(**_OUTLINED_JIT)
+def _interval_filter_adjoint(field, derivs, run, rq, q, d, start, deposits, weights, grad):
+    return _filter_adjoint(field, derivs, run, rq, q, d, start, deposits, weights, grad)
+
+
+@nb.njit(inline="always", **INLINE_JIT)
+def _checkpointed_dense_sweep(
+    field: VectorField, derivs: FieldDerivatives, run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments,
+    rq: np.ndarray, q: int, d: int, terms: np.ndarray, grad: np.ndarray, kbar_mode: int,
+) -> tuple[np.ndarray, Cotangent, bool, float]:
+    """:func:`_dense_data_phase` and the first sweep of :func:`_filter_adjoint` (with the gradient) in intervals of
+    :func:`checkpoint_interval` steps, holding one interval's data-filter store and deposits at a time.
+
+    Three passes over the intervals: the data filter backward, keeping only its state at the bounds; its adjoint
+    forward (the store of each interval recomputed from its upper bound), keeping only its adjoint at the bounds;
+    then, backward, each interval's store and deposits once more and the ODE filter's adjoint over it. The data
+    filter runs three times and its adjoint twice; the numbers are those of the stored sweep (every operation
+    repeats on the same inputs, in the same order). Returns each step's ``κ̄`` (as the stored sweep leaves it),
+    the adjoint of the initial state, whether it stayed finite and the largest rounding bound of the updates.
+    """
+    dd = (q + 1) * d
+    k = args.theta.shape[0]
+    kdir = grad.shape[0] - 1
+    n_pts = run.grid.shape[0]
+    width = checkpoint_interval_jit(n_pts)
+    n_int = (n_pts - 2) // width + 1
+    bounds = np.empty(n_int + 1, dtype=np.int64)
+    for s in range(n_int):
+        bounds[s] = s * width
+    bounds[n_int] = n_pts - 1
+    model = observation_model(args.data, args.cmat, args.sigma, args.sigma_dir)
+    kbar_step = np.zeros(n_pts)
+    failed = (kbar_step, Cotangent(np.zeros(dd), np.zeros((dd, dd))), False, 0.0)
+    # 1. the data filter, backward: its state at each bound (before the data there)
+    state_mean, state_root = np.empty((n_int + 1, dd)), np.empty((n_int + 1, dd, dd))
+    state_mean[n_int] = run.mu[n_pts - 1]
+    state_root[n_int] = run.r[n_pts - 1]
+    for s in range(n_int - 1, -1, -1):
+        a, b = bounds[s], bounds[s + 1]
+        _, finite, mean, root = _interval_data_filter(_run_interval(run, a, b), obs_at[a:b + 1], model, rq, q, d,
+                                                      terms, False, (state_mean[s + 1], state_root[s + 1], s == 0))
+        if not finite:
+            return failed
+        state_mean[s] = mean
+        state_root[s] = root
+    # 2. its adjoint, forward: the adjoint at each bound, each step's κ̄ share and the deposits at the last point
+    grad_sigma = grad[d + k:kdir]
+    carry_mean, carry_cov = np.zeros((n_int + 1, dd)), np.zeros((n_int + 1, dd, dd))
+    top = Cotangent(np.zeros(dd), np.zeros((dd, dd)))
+    rounding = 0.0
+    for s in range(n_int):
+        a, b = bounds[s], bounds[s + 1]
+        interval = _run_interval(run, a, b)
+        store, finite, _, _ = _interval_data_filter(interval, obs_at[a:b + 1], model, rq, q, d, terms, True,
+                                                    (state_mean[s + 1], state_root[s + 1], s == 0))
+        if not finite:
+            return failed
+        dep, finite, bar = _interval_data_adjoint(interval, store, obs_at[a:b + 1], model, args.cotangent, rq, q, d,
+                                                  grad_sigma, (Cotangent(carry_mean[s], carry_cov[s]), s == 0,
+                                                               s == n_int - 1))
+        if not finite:
+            return failed
+        carry_mean[s + 1] = bar.mean
+        carry_cov[s + 1] = bar.cov
+        kbar_step[a + 1:b + 1] = dep.kbar_step[1:]
+        rounding = max(rounding, dep.rounding[0])
+        if s == n_int - 1:
+            top = Cotangent(dep.mean[b - a].copy(), dep.cov[b - a].copy())
+    for n in range(1, n_pts):
+        grad[kdir] += kbar_step[n]
+    # 3. the ODE filter's adjoint, backward, each interval's store and deposits recomputed (their σ̄ counted above)
+    scratch_sigma = np.zeros(grad_sigma.shape[0])
+    top.mean[:d] += args.end_cotangent
+    bar = top
+    for s in range(n_int - 1, -1, -1):
+        a, b = bounds[s], bounds[s + 1]
+        interval = _run_interval(run, a, b)
+        store, _, _, _ = _interval_data_filter(interval, obs_at[a:b + 1], model, rq, q, d, terms, True,
+                                               (state_mean[s + 1], state_root[s + 1], s == 0))
+        dep, _, _ = _interval_data_adjoint(interval, store, obs_at[a:b + 1], model, args.cotangent, rq, q, d,
+                                           scratch_sigma, (Cotangent(carry_mean[s], carry_cov[s]), s == 0,
+                                                           s == n_int - 1))
+        bar, finite, bound = _interval_filter_adjoint(field, derivs, interval, rq, q, d, bar, dep, (0.0, kbar_mode),
+                                                      grad)
+        if not finite:
+            return failed
+        rounding = max(rounding, bound)
+        kbar_step[a + 1:b + 1] = dep.kbar_step[1:]
+    return kbar_step, bar, True, rounding
+
+
 @nb.njit(inline="always", **INLINE_JIT)
 def _initial_state_adjoint(taylor_vjp, args: FenrirArguments, t0: float, mbar: np.ndarray, q: int, d: int,
                            grad: np.ndarray) -> None:
@@ -438,18 +594,21 @@ def _initial_state_adjoint(taylor_vjp, args: FenrirArguments, t0: float, mbar: n
 SPECIALISED_MAX_STATES = 4
 
 
-def fenrir_kernel(q: int, d: int, structure: str = DENSE):
+def fenrir_kernel(q: int, d: int, structure: str = DENSE, checkpointed: bool = False):
     """The Fenrir kernel for IWP order ``q``, ``d`` states and a state-space ``structure`` (:func:`_fenrir_kernel`:
     a dense filter has its own for ``d <= SPECIALISED_MAX_STATES``, else the kernel of any ``d``; the
     block-diagonal and isotropic structures share one kernel per order), compiled once per process also
-    when sampler threads ask at once (:data:`~pymc_pnode._jit.COMPILE_LOCK`)."""
+    when sampler threads ask at once (:data:`~pymc_pnode._jit.COMPILE_LOCK`). ``checkpointed``: the dense kernel
+    whose reverse sweep runs in intervals when it would exceed ``FenrirArguments.sweep_budget`` (the default kernel
+    then returns :data:`STATUS_CHECKPOINTS`); compiled only when a model needs it."""
     specialised = structure == DENSE and d <= SPECIALISED_MAX_STATES
     with COMPILE_LOCK:
-        return _fenrir_kernel(q, d if specialised else 0, structure if structure == DENSE else "blocks")
+        return _fenrir_kernel(q, d if specialised else 0, structure if structure == DENSE else "blocks",
+                              bool(checkpointed) and structure == DENSE)
 
 
 @functools.lru_cache(maxsize=None)
-def _fenrir_kernel(q: int, n_states: int, structure: str):
+def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = False):
     """The Fenrir kernel ``fenrir_terms`` compiled for IWP order ``q`` and ``n_states`` states (0: any number),
     dense or with block roots (``structure``).
 
@@ -550,29 +709,51 @@ def _fenrir_kernel(q: int, n_states: int, structure: str):
         # (with the gradient, part 1 of the reverse sweep too: the adjoint of the backward Kalman filter, forward in
         # time, deposits on the ODE filter's (μ_n, Σ_n))
         kdir = grad.shape[0] - 1
-        if r0.ndim == 2:  # the structure (a compile-time branch: r0 is an argument)
-            dep, finite = _dense_data_phase(run, obs_at, args, rq, q, d, terms, grad[d + k:kdir])
-        else:
-            dep, finite = _block_data_phase(run, obs_at, args, rq, q, d, terms, grad[d + k:kdir])
-        if not finite:
-            return terms, grad, False, info, stops[:1], y_end
-        if not args.want_grad:
-            return terms, grad, True, info, run.grid, y_end
+        derivs = FieldDerivatives(jac_p, hess_contract)
+        first_kbar = KBAR_STORE if mode == DIFFUSION_LOCAL else KBAR_ADD
+        # A dense sweep whose data-phase store would exceed the budget runs checkpointed (its own kernel).
+        checkpoint = (r0.ndim == 2 and args.want_grad and n_pts > 2
+                      and n_pts * data_phase_bytes_per_point(dd) > args.sweep_budget)
+        first_sweep = 0
+        if checkpointed:
+            if checkpoint:
+                kbar_step, bar, finite, rounding = _checkpointed_dense_sweep(field, derivs, run, obs_at, args, rq, q,
+                                                                             d, terms, grad, first_kbar)
+                if not finite:
+                    return terms, grad, False, info, stops[:1], y_end
+                _initial_state_adjoint(taylor_vjp, args, stops[0], bar.mean, q, d, grad)
+                dep = Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), kbar_step, np.zeros((0, dd, dd)),
+                               np.full(1, rounding))
+                first_sweep = 1
+        elif checkpoint:
+            info[4] = STATUS_CHECKPOINTS  # the caller runs the checkpointed kernel instead
+            return terms, grad, False, info, run.grid, y_end
+        if first_sweep == 0:
+            if r0.ndim == 2:  # the structure (a compile-time branch: r0 is an argument)
+                dep, finite = _dense_data_phase(run, obs_at, args, rq, q, d, terms, grad[d + k:kdir])
+            else:
+                dep, finite = _block_data_phase(run, obs_at, args, rq, q, d, terms, grad[d + k:kdir])
+            if not finite:
+                return terms, grad, False, info, stops[:1], y_end
+            if not args.want_grad:
+                return terms, grad, True, info, run.grid, y_end
+            for n in range(1, n_pts):
+                grad[kdir] += dep.kbar_step[n]
 
         # ---------------------------------------------------------------- reverse sweep
-        for n in range(1, n_pts):
-            grad[kdir] += dep.kbar_step[n]
         info[5] = dep.rounding[0]
         # Part 2: adjoint of the ODE filter (backward in time). With global calibration a second sweep carries
         # the path through κ̂ = κ̂₀ Σ ẑᵀS_κ̂₀⁻¹ẑ / (N d): cotangent ∂L/∂κ · κ̂₀ / (N d) on every ẑᵀS⁻¹ẑ. With
         # local calibration the first sweep collects each step's κ̄_n (part 1's share plus ⟨Σ̄⁻_n, Q_n⟩) and the
         # second sweep runs through the unit-diffusion pass, where κ_n(ẑ_n, L_n) was computed.
-        derivs = FieldDerivatives(jac_p, hess_contract)
         second = n_pts > 1 and ((mode == DIFFUSION_GLOBAL and kappa > KAPPA_FLOOR) or mode == DIFFUSION_LOCAL)
-        sweep_run, start, deposits = run, Cotangent(dep.mean[n_pts - 1], dep.cov[n_pts - 1]), dep
-        start.mean[:d] += args.end_cotangent
-        sweep = (0.0, KBAR_STORE if mode == DIFFUSION_LOCAL else KBAR_ADD)
-        for n_sweep in range(2 if second else 1):  # one call site: the sweep is inlined once
+        sweep_run, deposits = run, dep
+        start = Cotangent(np.zeros(dd), np.zeros(root_shape(r0, q, d)))
+        if first_sweep == 0:
+            start = Cotangent(dep.mean[n_pts - 1], dep.cov[n_pts - 1])
+            start.mean[:d] += args.end_cotangent
+        sweep = (0.0, first_kbar)
+        for n_sweep in range(first_sweep, 2 if second else 1):  # one call site: the sweep is inlined once
             if n_sweep == 1:
                 shape = root_shape(r0, q, d)
                 start = Cotangent(np.zeros(dd), np.zeros(shape))

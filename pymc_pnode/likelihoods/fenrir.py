@@ -24,7 +24,7 @@ from pytensor.tensor.rewriting.basic import register_specialize
 from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import RESCALE, AccuracyWarning, SolverDiagnostics, needs_rounding_check, reproducible
 from pymc_pnode.discontinuities import split_times
-from pymc_pnode.filtering.fenrir import FenrirArguments, FenrirFunctions, fenrir_kernel
+from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, FenrirArguments, FenrirFunctions, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS, Stepping
 from pymc_pnode.filtering.structure import DENSE, STRUCTURES, initial_root
@@ -46,6 +46,9 @@ __all__ = ["Fenrir", "FenrirProblem", "StepControl", "fenrir_diagnostics", "fenr
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-6
 DEFAULT_MAX_STEPS = 20_000
+# Bytes a dense model's reverse sweep may hold for its data phase (five D×D matrices per grid point) before it is
+# recomputed in intervals instead (checkpointing; ``memory_budget`` of pn.Fenrir and pn.fenrir_loglik).
+DEFAULT_MEMORY_BUDGET = 2.0**30
 # Closest allowed stops (t0, observation times and discontinuities), relative to the time span: a step ~1e-8 of
 # the span after one ~1e-2 makes the filter's covariances ill-conditioned (likelihoods off by hundreds of nats).
 MIN_RELATIVE_GAP = 1e-6
@@ -140,10 +143,11 @@ class FenrirProblem:
     diffusion_mode: int
     diagnostics: SolverDiagnostics
     discontinuities: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0))
+    memory_budget: float = DEFAULT_MEMORY_BUDGET
 
     @classmethod
     def build(cls, ode, times, data_shape, obs_matrix, n_sigma, solver, control, diffusion_mode, label="Fenrir",
-              discontinuities=None):
+              discontinuities=None, memory_budget=DEFAULT_MEMORY_BUDGET):
         ode = validate_ode(ode)
         solver = validate_filter(solver, STRUCTURES, "the Fenrir likelihood")
         times = validate_times(times, "times", start=ode.t0)
@@ -167,10 +171,11 @@ class FenrirProblem:
                              f"apart ({float(stops[i])!r} and {float(stops[i + 1])!r}), less than "
                              f"{MIN_RELATIVE_GAP:g} of the time span: the ODE filter cannot step between them "
                              f"accurately; merge or average such observations")
+        budget = as_positive_float(memory_budget, "memory_budget")
         segments = build_segments(ode.t0, times, disc, control.step)
         diagnostics = SolverDiagnostics(label=label, step=control.step, order=solver.order)
         return cls(ode, solver, times, segments, np.ascontiguousarray(cmat),
-                   np.zeros(data_shape, dtype=bool), n_sigma, control, int(diffusion_mode), diagnostics, disc)
+                   np.zeros(data_shape, dtype=bool), n_sigma, control, int(diffusion_mode), diagnostics, disc, budget)
 
     def with_missing(self, missing: np.ndarray) -> "FenrirProblem":
         return dataclasses.replace(self, missing=missing)
@@ -192,6 +197,19 @@ class FenrirProblem:
     def kernel(self):
         """The compiled Fenrir kernel for this problem's sizes (see :func:`fenrir_kernel`)."""
         return fenrir_kernel(self.solver.order, self.ode.n_states, self.solver.structure)
+
+    @property
+    def checkpointed_kernel(self):
+        """The kernel whose dense reverse sweep runs in intervals (asked for when the sweep exceeds the budget)."""
+        return fenrir_kernel(self.solver.order, self.ode.n_states, self.solver.structure, checkpointed=True)
+
+    def _run_kernel(self, args: FenrirArguments):
+        """The kernel's outputs and the kernel that produced them: the checkpointed one when the default one says
+        that the reverse sweep would exceed :attr:`memory_budget` (a forward pass more, only for such sweeps)."""
+        out = self.kernel(self.functions, args, self.initial_root)
+        if int(out[3][4]) != STATUS_CHECKPOINTS:
+            return out, self.kernel
+        return self.checkpointed_kernel(self.functions, args, self.initial_root), self.checkpointed_kernel
 
     @cached_property
     def stepping(self) -> Stepping:
@@ -232,12 +250,12 @@ class FenrirProblem:
         terms, _, grid = self._evaluate(y0, theta, data, sigma, kappa, None, SolverDiagnostics(), False)
         return grid.copy() if np.isfinite(terms).all() else np.empty(0)
 
-    def _gradient_reproducible(self, arguments: FenrirArguments, grad: np.ndarray) -> bool:
-        """Whether the reverse sweep's gradient survives other rounding errors: the sweep again with rescaled
-        cotangents (:func:`~pymc_pnode.accuracy.reproducible`)."""
+    def _gradient_reproducible(self, kernel, arguments: FenrirArguments, grad: np.ndarray) -> bool:
+        """Whether the reverse sweep's gradient survives other rounding errors: the sweep again (by ``kernel``) with
+        rescaled cotangents (:func:`~pymc_pnode.accuracy.reproducible`)."""
         again = arguments._replace(cotangent=arguments.cotangent * RESCALE,
                                    end_cotangent=arguments.end_cotangent * RESCALE)
-        _, grad2, ok, _, _, _ = self.kernel(self.functions, again, self.initial_root)
+        _, grad2, ok, _, _, _ = kernel(self.functions, again, self.initial_root)
         return bool(ok) and reproducible([grad], [grad2])
 
     def _segment(self, arguments: FenrirArguments, segment: Segment, y_start: np.ndarray, want_grad: bool,
@@ -245,13 +263,13 @@ class FenrirProblem:
         """One kernel call over ``segment`` from the solution value ``y_start`` at its start."""
         args = arguments._replace(y0=y_start, stops=segment.grid, stop_obs=segment.obs_at, want_grad=want_grad,
                                   end_cotangent=end_cotangent)
-        terms, grad, ok, info, grid, y_end = self.kernel(self.functions, args, self.initial_root)
+        (terms, grad, ok, info, grid, y_end), kernel = self._run_kernel(args)
         failure = ""
         if int(info[4]) != STATUS_SUCCESS:  # a failed forward pass returns its grid up to where it stopped
             failure = STATUS_MESSAGES[int(info[4])] + (f", at t = {grid[-1]:.6g}" if grid.size > 1 else "")
         unreliable = False
         if ok and want_grad and needs_rounding_check(info[5]):
-            ok = self._gradient_reproducible(args, grad)
+            ok = self._gradient_reproducible(kernel, args, grad)
             unreliable = not ok
         return SegmentResult(terms, grad, bool(ok), info, grid, y_end, failure, unreliable)
 
@@ -307,7 +325,7 @@ class FenrirProblem:
             arguments = FenrirArguments(
                 y0, theta, self.solver.prior.Q_bar_sqrt, self.solver.ek1, kappa, self.diffusion_mode, self.stepping,
                 first.grid, first.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
-                np.zeros(ode.n_states),
+                np.zeros(ode.n_states), float(self.memory_budget),
             )
             results = self._segments(arguments, want_grad)
             ok = all(r.ok for r in results) and len(results) == len(self.segments)
@@ -452,7 +470,7 @@ def diffusion_mode(diffusion) -> int:
     return DIFFUSION_FIXED
 
 
-def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control, label, discontinuities):
+def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control, label, **problem_options):
     _validate_positive_constant(obs_sigma, "obs_sigma")
     mode = diffusion_mode(diffusion)
     if mode == DIFFUSION_FIXED:
@@ -470,8 +488,8 @@ def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control
         # e.g. a random variable declared with dims: one scale per observed component
         n_sigma = arr.shape[1]
         sigma = pt.specify_shape(sigma, (n_sigma,))
-    problem = FenrirProblem.build(ode, times, arr.shape, obs_matrix, n_sigma, solver, control,
-                                  mode, label=label, discontinuities=discontinuities)
+    problem = FenrirProblem.build(ode, times, arr.shape, obs_matrix, n_sigma, solver, control, mode, label=label,
+                                  **problem_options)
     missing = np.isnan(arr)
     if np.all(missing):
         raise ValueError("data contains no observed (non-NaN) values")
@@ -498,6 +516,7 @@ def fenrir_loglik(
     atol: float = DEFAULT_ATOL,
     max_steps: int = DEFAULT_MAX_STEPS,
     discontinuities=None,
+    memory_budget: float = DEFAULT_MEMORY_BUDGET,
     pointwise: bool = False,
 ):
     r"""The Fenrir PN-approximated marginal log-likelihood as a PyTensor expression.
@@ -550,6 +569,13 @@ def fenrir_loglik(
         them an error-controlled solve stops at such a jump (``-inf``, with a warning that says where).
         The numerical variance at a restart is not carried over (with error control it is of the order
         of the tolerance). Times outside ``(t0, times[-1])`` are ignored.
+    memory_budget : float, default 2**30
+        Bytes that the reverse sweep of a dense model (``structure="dense"``) may hold for its data phase, five
+        ``D×D`` matrices per grid point (``D = d (q + 1)``). A sweep that would need more is checkpointed: it keeps
+        the data filter's state only every ``≈ √(0.4 N)`` of its ``N`` grid points and recomputes each interval
+        when its adjoint needs it (the same numbers; the data filter runs three times, its adjoint twice). The
+        forward pass and its predictions (two ``D×D`` matrices per point, four with the local diffusion) are kept.
+        Block-diagonal and isotropic structures store ``O(d q²)`` per point and never need it.
     pointwise : bool, default False
         Return the vector of per-observation-time terms (prediction-error decomposition) instead
         of their sum.
@@ -564,7 +590,8 @@ def fenrir_loglik(
     """
     control = StepControl(step, rtol, atol, max_steps)
     problem, filled, sigma, kappa = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control,
-                                             "fenrir_loglik", discontinuities)
+                                             "fenrir_loglik", discontinuities=discontinuities,
+                                             memory_budget=memory_budget)
     terms = FenrirOp(problem)(ode.y0_tensor(y0), ode.theta_tensor(theta), pt.as_tensor_variable(filled), sigma,
                               kappa)
     return terms if pointwise else terms.sum()
@@ -617,6 +644,7 @@ def Fenrir(
     atol: float = DEFAULT_ATOL,
     max_steps: int = DEFAULT_MAX_STEPS,
     discontinuities=None,
+    memory_budget: float = DEFAULT_MEMORY_BUDGET,
     check_accuracy: bool = True,
     dims=None,
 ):
@@ -634,6 +662,7 @@ def Fenrir(
     name : str
         Name of the observed variable.
     ode, y0, theta, times, obs_matrix, obs_sigma, diffusion, solver, step, rtol, atol, max_steps, discontinuities
+    memory_budget
         As in :func:`fenrir_loglik`; ``y0``, ``theta``, ``obs_sigma`` and ``diffusion`` may be
         random variables of the model.
     check_accuracy : bool, default True
@@ -654,7 +683,8 @@ def Fenrir(
     """
     control = StepControl(step, rtol, atol, max_steps)
     problem, filled, sigma, kappa = _prepare(ode, times, observed, obs_matrix, obs_sigma, diffusion, solver, control,
-                                             f"Fenrir {name!r}", discontinuities)
+                                             f"Fenrir {name!r}", discontinuities=discontinuities,
+                                             memory_budget=memory_budget)
     y0, theta = ode.y0_tensor(y0), ode.theta_tensor(theta)
     sigma_vec = sigma if sigma.ndim == 1 else sigma[None]
     op = FenrirOp(problem)

@@ -1,0 +1,120 @@
+"""Checkpointed reverse sweeps of dense Fenrir likelihoods (``memory_budget``): when the data phase's store would
+exceed the budget, the kernel recomputes it in intervals, and the value and gradient are those of the stored sweep
+to the last bit, in every diffusion mode, with fixed and error-controlled steps, restarts at discontinuities,
+missing data and several noise scales."""
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+import pymc_pnode as pn
+from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, checkpoint_interval
+from tests import test_fenrir_discontinuities as chain
+from tests.conftest import lotka_volterra
+
+Y0, THETA = np.array([1.0, 1.0]), np.array([1.5, 1.0, 1.0, 3.0])
+TIMES = np.linspace(0.5, 6.0, 12)
+
+
+@pytest.fixture(scope="module")
+def lv_ode():
+    return pn.ODE(lotka_volterra, n_states=2, n_theta=4)
+
+
+@pytest.fixture(scope="module")
+def data(lv_ode):
+    truth = pn.solve(lv_ode, Y0, THETA, (0.0, 6.0), save_at=TIMES, step=0.01).mean
+    out = truth + 0.1 * np.random.default_rng(0).standard_normal(truth.shape)
+    out[3, 1] = out[7, 0] = np.nan  # missing components
+    return out
+
+
+def _value_and_gradient(ode, data, times, budget, **kwargs):
+    y0, theta, sigma = pt.dvector("y0"), pt.dvector("theta"), pt.dvector("sigma")
+    ll = pn.fenrir_loglik(ode, y0, theta, times, data, obs_sigma=sigma, memory_budget=budget, **kwargs)
+    return pytensor.function([y0, theta, sigma], [ll, *pytensor.grad(ll, [y0, theta, sigma])])
+
+
+SETTINGS = {
+    "fixed diffusion": dict(step=0.05, diffusion=0.5),
+    "global diffusion": dict(step=0.05, diffusion="global"),
+    "defaults": dict(),
+    "local, fixed step": dict(step=0.05),
+    "ek0, two steps": dict(step=0.1, diffusion=2.0, solver=pn.EK0(order=3)),  # three grid points: intervals of 1
+}
+
+
+@pytest.mark.parametrize("kwargs", SETTINGS.values(), ids=SETTINGS.keys())
+def test_checkpointed_sweep_equals_the_stored_sweep(lv_ode, data, kwargs):
+    times = TIMES if kwargs.get("step") != 0.1 else np.array([0.1, 0.2])
+    obs = data if times is TIMES else data[:2]
+    stored = _value_and_gradient(lv_ode, obs, times, 2.0**30, **kwargs)
+    checkpointed = _value_and_gradient(lv_ode, obs, times, 1.0, **kwargs)  # every sweep is over budget
+    sigma = np.array([0.1, 0.15])
+    for a, b in zip(stored(Y0, THETA, sigma), checkpointed(Y0, THETA, sigma)):
+        np.testing.assert_array_equal(a, b)
+    assert np.all(np.abs(stored(Y0, THETA, sigma)[2]) > 0)
+
+
+def test_checkpointed_sweep_through_declared_discontinuities(data):
+    ode = pn.ODE(chain._field, n_states=2, n_theta=2)
+    for kwargs in (dict(), dict(step=0.01, diffusion=1e-3)):
+        stored = _value_and_gradient(ode, chain.DATA, chain.TIMES, 2.0**30, discontinuities=[chain.ON, chain.OFF],
+                                     **kwargs)
+        checkpointed = _value_and_gradient(ode, chain.DATA, chain.TIMES, 1.0, discontinuities=[chain.ON, chain.OFF],
+                                           **kwargs)
+        sigma = np.array([chain.SIGMA, 1.5 * chain.SIGMA])
+        for a, b in zip(stored(chain.Y0, chain.THETA, sigma), checkpointed(chain.Y0, chain.THETA, sigma)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_default_kernel_hands_over_only_dense_sweeps_over_budget(lv_ode, data):
+    """The default kernel answers STATUS_CHECKPOINTS for a dense sweep over budget (value-only evaluations and
+    block structures never ask), and the checkpointed kernel then computes it."""
+    for structure, budget, want_grad, asks in [("dense", 1.0, True, True), ("dense", 2.0**30, True, False),
+                                               ("dense", 1.0, False, False), ("diagonal", 1.0, True, False)]:
+        solver = pn.EK1(order=3, structure=structure)
+        ll = pn.fenrir_loglik(lv_ode, Y0, THETA, TIMES, data, obs_sigma=0.1, step=0.05, solver=solver,
+                              memory_budget=budget)
+        problem = ll.owner.inputs[0].owner.op.problem
+        args = _kernel_arguments(problem, data, want_grad)
+        terms, grad, ok, info, _, _ = problem.kernel(problem.functions, args, problem.initial_root)
+        assert (int(info[4]) == STATUS_CHECKPOINTS) == asks
+        assert bool(ok) != asks
+        if asks:
+            terms2, grad2, ok2, info2, _, _ = problem.checkpointed_kernel(problem.functions, args, problem.initial_root)
+            reference = problem.kernel(problem.functions, args._replace(sweep_budget=2.0**30), problem.initial_root)
+            assert ok2 and int(info2[4]) == 0
+            np.testing.assert_array_equal(terms2, reference[0])
+            np.testing.assert_array_equal(grad2, reference[1])
+
+
+def _kernel_arguments(problem, data, want_grad):
+    from pymc_pnode.filtering.fenrir import FenrirArguments
+
+    segment = problem.segments[0]
+    filled = np.where(np.isnan(data), np.nan, data)
+    sigma = np.full(data.shape[1], 0.1)
+    return FenrirArguments(Y0.copy(), THETA.copy(), problem.solver.prior.Q_bar_sqrt, problem.solver.ek1, 1.0,
+                           problem.diffusion_mode, problem.stepping, segment.grid, segment.obs_at, filled,
+                           problem.obs_matrix, sigma, np.zeros(data.shape[1], dtype=np.int64), 1, want_grad,
+                           np.ones(data.shape[0]) if want_grad else np.zeros(0), np.zeros(2), problem.memory_budget)
+
+
+def test_pymc_block_takes_the_budget_and_bad_budgets_raise(lv_ode, data):
+    assert [checkpoint_interval(n) for n in (3, 121, 2001)] == [1, 7, 28]
+    logps = []
+    for budget in (2.0**30, 1.0):
+        with pm.Model() as model:
+            theta = pm.LogNormal("theta", np.log(THETA), 0.1)
+            pn.Fenrir("obs", lv_ode, y0=Y0, theta=theta, times=TIMES, observed=data, obs_sigma=0.1, step=0.05,
+                      memory_budget=budget)
+        point = model.initial_point()
+        logps.append((model.compile_logp()(point), model.compile_dlogp()(point)))
+    np.testing.assert_array_equal(logps[0][0], logps[1][0])
+    np.testing.assert_array_equal(logps[0][1], logps[1][1])
+    for bad in (0.0, -1.0, np.nan, "1GB"):
+        with pytest.raises(ValueError, match="memory_budget"):
+            pn.fenrir_loglik(lv_ode, Y0, THETA, TIMES, data, obs_sigma=0.1, memory_budget=bad)
