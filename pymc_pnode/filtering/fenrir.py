@@ -461,14 +461,16 @@ def checkpoint_interval(n_pts: int) -> int:
 
 checkpoint_interval_jit = nb.njit(**INLINE_JIT)(checkpoint_interval)
 
-# Bytes of the data phase's store and deposits per grid point of a dense run (what a checkpointed sweep recomputes).
 @nb.njit(**INLINE_JIT)
 def data_phase_bytes_per_point(dd: int) -> float:
+    """Bytes of the data phase's store and deposits per grid point of a dense run with states of length ``dd``
+    (what a checkpointed sweep recomputes instead of storing)."""
     return 8.0 * (5.0 * dd * dd + 3.0 * dd + 1.0)
 
 
 # The checkpointed sweep calls each phase at several places: there they are outlined, one compiled copy each,
-# rather than inlined at every call site (which more than doubled the kernel's cold compile).
+# rather than inlined at every call site (fewer copies for numba and LLVM to compile; a kernel compiled only when a
+# model needs it does not need the last percent of speed).
 _OUTLINED_JIT = dict(INLINE_JIT, forceinline=False)
 
 
