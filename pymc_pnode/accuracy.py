@@ -129,6 +129,16 @@ class AccuracyWarning(UserWarning):
     """A likelihood was evaluated where its numerical solution misses the requested tolerance."""
 
 
+def suggested_step(step: float, max_error: float, order: int) -> float | None:
+    """A fixed step that the largest scaled local error ``max_error`` of ``step`` suggests would meet the
+    tolerances, ``step · min(1, 0.9 E^{-1/(q+1)})`` (Hairer, Nørsett & Wanner, 1993, §II.4); None if ``E ≤ 1``."""
+    if not (max_error > 1.0):
+        return None
+    if not math.isfinite(max_error):
+        return step / 10.0
+    return step * min(1.0, 0.9 * max_error ** (-1.0 / (order + 1.0)))
+
+
 @dataclass
 class SolverDiagnostics:
     """Counts over the evaluations of one ODE-filter likelihood in this process.
@@ -264,11 +274,7 @@ class SolverDiagnostics:
 
     @property
     def suggested_step(self) -> float | None:
-        if self.step is None or not (self.max_error > 1.0):
-            return None
-        if not math.isfinite(self.max_error):
-            return self.step / 10.0
-        return self.step * min(1.0, 0.9 * self.max_error ** (-1.0 / (self.order + 1.0)))
+        return None if self.step is None else suggested_step(self.step, self.max_error, self.order)
 
     def _warning_counts(self) -> tuple[int, int, int]:
         """The counts that warn: a fixed step's misses and failures, and refused gradients (any step)."""
@@ -323,8 +329,8 @@ class SolverDiagnostics:
                 f"the fixed step {self.step:g} misses the tolerances at {self.n_over_tolerance} and fails (-inf: "
                 f"non-finite, diverging or over max_steps) at {self.n_failed - self.n_unreliable_gradient} of "
                 f"{self.n_evaluations} evaluations so far{why} (largest scaled local error "
-                f"{self.max_error:.3g}; 1 = at tolerance). Where it misses them the likelihood can be far from the "
-                f"exact one. {advice}"
+                f"{self.max_error:.3g}; 1 = at tolerance). Where it misses them the likelihood or solution can be "
+                f"far from the exact one. {advice}"
             )
         if self.step is None and self.n_failed > self.n_unreliable_gradient:
             advice = "" if "jump of the vector field in t" in (self.last_failure or "") else (

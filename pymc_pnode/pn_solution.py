@@ -37,7 +37,7 @@ from pymc_pnode.filtering.tangents import (
 )
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import ODEFilter, solve, validate_filter, validate_ode
+from pymc_pnode.solve import ODEFilter, solve_without_warnings, validate_filter, validate_ode
 from pymc_pnode.validation import validate_discontinuities, validate_times
 
 __all__ = ["PNSolutionProblem", "probabilistic_solution"]
@@ -70,8 +70,12 @@ class PNSolutionProblem:
     smooth: bool = False
     joint_cov: bool = False
     t_start: float | None = None  # where the solve starts (default ``ode.t0``; a segment after a discontinuity)
-    diagnostics: SolverDiagnostics = field(default_factory=lambda: SolverDiagnostics(label="probabilistic_solution"),
-                                           repr=False)
+    diagnostics: SolverDiagnostics | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.diagnostics is None:  # a fixed step is checked against the tolerances at every evaluation
+            object.__setattr__(self, "diagnostics", SolverDiagnostics("probabilistic_solution", self.step,
+                                                                      self.solver.order))
 
     @property
     def start(self) -> float:
@@ -99,9 +103,10 @@ class PNSolutionProblem:
         # writable copies of the right sizes (the generated functions take writable arrays)
         y0 = np.array(y0, dtype=np.float64).reshape(d)
         theta = np.array(theta, dtype=np.float64).reshape(ode.n_theta)
-        sol = solve(ode, y0, theta, (self.start, float(self.times[-1])), solver=self.solver, step=self.step,
-                    rtol=self.rtol, atol=self.atol, save_at=self.times, smooth=self.smooth,
-                    max_steps=self.max_steps, diffusion="calibrated" if self.diffusion is None else self.diffusion)
+        sol = solve_without_warnings(ode, y0, theta, (self.start, float(self.times[-1])), solver=self.solver,
+                                     step=self.step, rtol=self.rtol, atol=self.atol, save_at=self.times,
+                                     smooth=self.smooth, max_steps=self.max_steps,
+                                     diffusion="calibrated" if self.diffusion is None else self.diffusion)
         if not sol.success:
             self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], 0.0, failed=True,
                                     failure=f"{sol.stats['message']}, at t = {sol.stats['t_final']:.6g}")
@@ -115,7 +120,7 @@ class PNSolutionProblem:
         if needs_rounding_check(rounding):
             again = self._jacobians(sol, theta, seeds * RESCALE)
             refused = not reproducible((jac_mean, jac_std, jac_cov), (again[0], again[1], again[3]))
-        self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], 0.0, failed=refused,
+        self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], sol.stats["max_error"], failed=refused,
                                 unreliable_gradient=refused)
         if refused:
             return self._failed(sol, y0)
@@ -272,9 +277,16 @@ def probabilistic_solution(
     step : float, optional
         A fixed step (the grid contains every output time); default: error-controlled steps.
     rtol, atol, max_steps
-        As in :func:`pymc_pnode.solve`.
+        As in :func:`pymc_pnode.solve`. A fixed ``step`` is checked against ``rtol``/``atol`` at every evaluation:
+        where it misses them an :class:`~pymc_pnode.AccuracyWarning` says so once, with a suggested step (counts
+        in the problem's ``diagnostics``).
     diffusion : float, optional
-        A fixed diffusion; default: calibrated per solve.
+        A fixed diffusion; default: calibrated per solve by the global quasi-maximum-likelihood estimate (the
+        local, per-step diffusion that :func:`pymc_pnode.solve` uses by default with error-controlled steps has no
+        gradient here yet). With error-controlled steps the global scalar can be over-confident on stiff
+        oscillations: Van der Pol (μ = 5) at rtol 1e-3 has errors of up to 125 standard deviations
+        (``benchmarks/solve_calibration.py``); check ``std`` against a tighter solve, or use a fixed step that
+        passes the check above (the global scalar is well calibrated or conservative there).
     smooth : bool, default False
         Report the smoothing posterior (conditioned on the whole solve) instead of the filtering marginals
         (conditioned on the steps up to each time). The smoother's gradients store the filter's tangents at

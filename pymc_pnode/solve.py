@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections import namedtuple
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -11,6 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from pymc_pnode._jit import readonly
+from pymc_pnode.accuracy import AccuracyWarning, suggested_step
 from pymc_pnode.discontinuities import segment_of, split_times
 from pymc_pnode.filtering.calibration import global_kappa
 from pymc_pnode.filtering.odefilter import (
@@ -143,7 +145,10 @@ _DIFFUSIONS = {
 }
 
 
-def _diffusion_mode(diffusion) -> tuple[int, float]:
+def _diffusion_mode(diffusion, adaptive: bool) -> tuple[int, float]:
+    """``(mode, κ)`` of ``pn.solve``'s ``diffusion``; ``None`` is local with adaptive steps, global with a fixed one."""
+    if diffusion is None:
+        return (DIFFUSION_LOCAL if adaptive else DIFFUSION_GLOBAL), 1.0
     if isinstance(diffusion, str):
         if diffusion not in _DIFFUSIONS:
             raise ValueError(
@@ -420,6 +425,7 @@ class PiecewiseSolution:
             "message": STATUS_MESSAGES[STATUS_SUCCESS] if failed is None else failed.stats["message"],
             "diffusion": tuple(float(sol.stats["diffusion"]) for sol in sols),
             "t_final": float(sols[-1].stats["t_final"]),
+            "max_error": max(float(sol.stats["max_error"]) for sol in sols),
         })
 
     @property
@@ -493,12 +499,13 @@ def _solve_piecewise(ode: ODE, y0: np.ndarray, theta: np.ndarray, t_span: tuple[
     for s, (start, end, rows, at) in enumerate(bounds):
         step = options["step"] if options["step"] is None else min(options["step"], end - start)
         if save_at is None:  # every step
-            sol = solve(ode, y_start, theta, (start, end), **{**options, "step": step})
+            sol = solve_without_warnings(ode, y_start, theta, (start, end), **{**options, "step": step})
             last = s == len(bounds) - 1 or not sol.success  # else the next segment starts where this one ends
             outputs = np.arange(sol.t.size if last else sol.t.size - 1)
             times.append(sol.t[outputs])
         else:
-            sol = solve(ode, y_start, theta, (start, end), **{**options, "step": step}, save_at=np.union1d(at, [end]))
+            sol = solve_without_warnings(ode, y_start, theta, (start, end), **{**options, "step": step},
+                                         save_at=np.union1d(at, [end]))
             outputs = np.flatnonzero(np.isin(sol.t, at))
             times.append(save_at[rows][: outputs.size])
         pieces.append((sol, outputs))
@@ -520,7 +527,7 @@ def solve(
     rtol: float = 1e-6,
     atol: float = 1e-9,
     save_at=None,
-    diffusion="calibrated",
+    diffusion: str | float | None = None,
     smooth: bool = True,
     max_steps: int = 100_000,
     discontinuities=None,
@@ -548,9 +555,13 @@ def solve(
     save_at : array_like, optional
         Output times (strictly increasing, inside ``t_span``); the solver steps exactly through
         them. Default: every solver step.
-    diffusion : {"calibrated", "local"} or float
+    diffusion : {"calibrated", "local"}, float or None
         ``"calibrated"`` (global scalar quasi-MLE, post-hoc rescaling), ``"local"`` (time-varying
-        scalar estimate per step) or a fixed positive value multiplying the prior's ``Q(h)``.
+        scalar estimate per step) or a fixed positive value multiplying the prior's ``Q(h)``. Default:
+        ``"local"`` with adaptive steps, ``"calibrated"`` with a fixed ``step``, the pairing recommended by
+        Bosch, Hennig & Tronarp (2021, §6.2) and Bosch (2024, thesis §6.3). With adaptive steps the global
+        scalar can be confidently wrong: on Van der Pol (μ = 5) at rtol 1e-3 its mean is off by 1.4 with errors
+        up to 125 standard deviations, where the local diffusion's are within 0.6 (``benchmarks/solve_calibration.py``).
     smooth : bool, default True
         Return the smoothing posterior (conditioned on all steps) instead of the filter marginals.
     max_steps : int
@@ -566,6 +577,10 @@ def solve(
     ProbabilisticSolution
         Never raises on a diverging solve: failures are reported in ``stats`` (``success``,
         ``status``, ``message``, ``t_final``) and the solution covers the interval solved so far.
+        ``stats["max_error"]`` is the largest scaled local error estimate of an accepted step (1 = at the
+        tolerances). A fixed step is checked against ``rtol``/``atol`` too: where it misses them an
+        :class:`~pymc_pnode.AccuracyWarning` says so and suggests a step (on Van der Pol, μ = 5, the fixed step
+        0.05 gives a mean off by 2.6 with errors of 50 standard deviations; ``benchmarks/solve_calibration.py``).
         Adaptive solves fail when the step size collapses or ``max_steps`` is reached; fixed-step
         solves fail at the first step whose predictor–corrector difference or integrated residual
         is as large as the solution itself
@@ -577,18 +592,35 @@ def solve(
     ValueError
         For invalid arguments (shapes, times, step, tolerances, order, diffusion).
     """
+    sol = solve_without_warnings(ode, y0, theta, t_span, solver=solver, step=step, rtol=rtol, atol=atol,
+                                 save_at=save_at, diffusion=diffusion, smooth=smooth, max_steps=max_steps,
+                                 discontinuities=discontinuities)
+    suggestion = None if step is None else suggested_step(step, sol.stats["max_error"], sol.solver.order)
+    if suggestion is not None and sol.success:
+        warnings.warn(
+            f"pn.solve: the fixed step {step:g} misses the tolerances rtol={rtol:g}, atol={atol:g} (largest scaled "
+            f"local error estimate {sol.stats['max_error']:.3g}; 1 = at tolerance): the mean can be far from the "
+            f"solution and its standard deviations too small. Use step={suggestion:.3g} or smaller, or step=None "
+            f"for error-controlled steps.", AccuracyWarning, stacklevel=2)
+    return sol
+
+
+def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | None = None, step: float | None = None,
+                           rtol: float = 1e-6, atol: float = 1e-9, save_at=None,
+                           diffusion: str | float | None = None, smooth: bool = True, max_steps: int = 100_000,
+                           discontinuities=None) -> ProbabilisticSolution | PiecewiseSolution:
+    """:func:`solve` without its fixed-step warning (for callers that count and report accuracy themselves)."""
     ode = validate_ode(ode)
     solver = validate_filter(solver, STRUCTURES, "pn.solve")
     y0 = ode.validate_y0(y0)
     theta = ode.validate_theta(theta)
     t0, t1 = validate_t_span(t_span)
-    mode, kappa = _diffusion_mode(diffusion)
     adaptive = step is None
+    mode, kappa = _diffusion_mode(diffusion, adaptive)
     if not adaptive:
         step = validate_step(step, t1 - t0)
-    else:
-        if not (rtol > 0 and atol > 0):
-            raise ValueError(f"rtol and atol must be positive, got rtol={rtol!r}, atol={atol!r}")
+    if not (rtol > 0 and atol > 0):  # a fixed step is checked against them too
+        raise ValueError(f"rtol and atol must be positive, got rtol={rtol!r}, atol={atol!r}")
     max_steps = as_positive_int(max_steps, "max_steps")
     stops = np.array([t0, t1])
     if save_at is not None:
@@ -614,7 +646,7 @@ def solve(
         counts = ForwardStats(0, 0, 0, STATUS_NONFINITE, 0.0, 0.0)
     else:
         h0 = initial_step_size(ode.rhs.address, y0, t0, theta, float(rtol), float(atol)) if adaptive else 0.0
-        stepping = Stepping(adaptive, min(h0, t1 - t0), float(rtol), float(atol), max_steps, False)
+        stepping = Stepping(adaptive, min(h0, t1 - t0), float(rtol), float(atol), max_steps, True)
         kernel = run_filter if solver.structure == DENSE else run_block_filter
         vector_field = VectorField(ode.rhs.address, ode.jac_y.address, theta, solver.ek1)
         run, counts = kernel(vector_field, mu0, r0, prior.Q_bar_sqrt, Diffusion(mode, kappa), stepping, grid)
@@ -635,5 +667,6 @@ def solve(
         "message": STATUS_MESSAGES[int(counts.status)],
         "diffusion": float(sigma2),
         "t_final": float(run.grid[-1]),
+        "max_error": float(counts.max_error),
     }
     return ProbabilisticSolution(ode, theta, solver, run, out_index, stats, smooth)

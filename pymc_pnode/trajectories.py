@@ -46,7 +46,7 @@ def posterior_trajectories(
     y0,
     theta,
     t_span: tuple[float, float],
-    diffusion="calibrated",
+    diffusion: str | float | None = None,
     solver: ODEFilter | None = None,
     step: float | None = None,
     times=None,
@@ -70,7 +70,8 @@ def posterior_trajectories(
     t_span : tuple of float
         Interval to solve on.
     diffusion : str, float or None
-        A posterior variable name, a fixed value, or ``"calibrated"``.
+        A posterior variable name, a fixed value, ``"calibrated"`` or ``"local"``; default: that of
+        :func:`~pymc_pnode.solve` (local with adaptive steps, global with a fixed ``step``).
     solver : EK0 or EK1, default ``EK1(order=3)``
     step : float, optional
         Fixed step (default: adaptive).

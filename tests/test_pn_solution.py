@@ -1,6 +1,7 @@
 """pn.probabilistic_solution: the ODE filter's mean and standard deviation as differentiable tensors."""
 
 import math
+import warnings
 
 import numpy as np
 import pymc as pm
@@ -9,6 +10,7 @@ import pytensor.tensor as pt
 import pytest
 
 import pymc_pnode as pn
+from pymc_pnode.pn_solution import PNSolutionProblem
 from tests import test_fenrir_discontinuities as chain
 from tests.conftest import central_differences, fitzhugh_nagumo, lotka_volterra
 
@@ -355,3 +357,24 @@ def test_undeclared_jump_is_minus_inf_and_bad_discontinuities_raise(driven):
     for bad in ([chain.ON, np.nan], ["x"], [[chain.ON, chain.OFF]]):
         with pytest.raises(ValueError, match="discontinuities"):
             pn.probabilistic_solution(driven, chain.Y0, chain.THETA, DRIVEN_TIMES, discontinuities=bad)
+
+
+def test_a_fixed_step_is_checked_against_the_tolerances_at_every_evaluation(lv_ode):
+    """A fixed step that misses rtol/atol is counted and warned about once (as ``pn.solve`` and Fenrir do); one that
+    meets them is quiet. The counts are those of ``pn.solve``'s ``max_error``."""
+    times = np.linspace(0.5, 6.0, 12)
+    coarse = PNSolutionProblem(lv_ode, times, pn.EK1(3), 0.1, 1e-6, 1e-9, 10_000, None)
+    with pytest.warns(pn.AccuracyWarning, match="fixed step 0.1 misses the tolerances at 1") as caught:
+        coarse.evaluate(Y0_LV, THETA_LV)
+        coarse.evaluate(Y0_LV, THETA_LV * 1.01)
+    assert len([w for w in caught if issubclass(w.category, pn.AccuracyWarning)]) == 1
+    counts = coarse.diagnostics
+    assert counts.n_evaluations == 2 and counts.n_over_tolerance == 2 and counts.suggested_step < 0.1
+    max_error = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 6.0), step=0.1, save_at=times,
+                         diffusion="calibrated").stats["max_error"]
+    assert max_error > 1.0 and counts.max_error >= max_error
+    fine = PNSolutionProblem(lv_ode, times, pn.EK1(3), 0.01, 1e-4, 1e-6, 10_000, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        fine.evaluate(Y0_LV, THETA_LV)
+    assert fine.diagnostics.n_over_tolerance == 0 and 0.0 < fine.diagnostics.max_error <= 1.0

@@ -1,5 +1,7 @@
 """ODE filters: accuracy, convergence order, calibration, exactness on affine ODEs, stability, errors."""
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
@@ -113,6 +115,45 @@ def test_ek1_calibration_is_underconfident_within_known_bounds(lv_ode):
     for factor in (100.0, 0.01):
         wrong, _ = _lv_chi2(lv_ode, solver=pn.EK1(order=3), step=0.05, diffusion=sol.stats["diffusion"] * factor)
         assert not lo < wrong < hi, (factor, wrong)
+
+
+def test_default_diffusion_is_local_with_adaptive_steps_and_global_with_a_fixed_step(vdp_ode):
+    """Van der Pol (μ = 5) at rtol 1e-3: with adaptive steps the global scalar's mean is off by 0.37 at up to 69
+    standard deviations (``benchmarks/solve_calibration.py``: 1.4 and 125 for ``y2' = μ(1 − y1²) y2 − y1``); the
+    default (local) is off by 0.021, within 1.3 standard deviations."""
+    times = np.linspace(0.4, 20.0, 50)
+    args = (vdp_ode, [2.0, 0.0], [5.0], (0.0, 20.0))
+    ref = reference(vdp_ode, [2.0, 0.0], [5.0], 20.0, times)
+    default = pn.solve(*args, save_at=times, rtol=1e-3, atol=1e-5)
+    local = pn.solve(*args, save_at=times, rtol=1e-3, atol=1e-5, diffusion="local")
+    np.testing.assert_array_equal(default.mean, local.mean)
+    np.testing.assert_array_equal(default.std, local.std)
+    z = np.abs(default.mean - ref) / default.std
+    assert np.max(np.abs(default.mean - ref)) < 0.05 and np.max(z) < 3.0, (np.abs(default.mean - ref).max(), z.max())
+    glob = pn.solve(*args, save_at=times, rtol=1e-3, atol=1e-5, diffusion="calibrated")
+    assert np.max(np.abs(glob.mean - ref) / glob.std) > 20.0  # what the default avoids
+    fixed = pn.solve(*args, save_at=times, step=0.01)
+    fixed_global = pn.solve(*args, save_at=times, step=0.01, diffusion="calibrated")
+    np.testing.assert_array_equal(fixed.std, fixed_global.std)
+
+
+def test_a_fixed_step_that_misses_the_tolerances_warns_with_a_step_that_meets_them(vdp_ode):
+    """Van der Pol (μ = 5, ``y2' = μ((1 − y1²) y2 − y1)``): at the fixed step 0.05 the mean is off by 0.19, three
+    orders above the tolerances; ``pn.solve`` says so and suggests a step; 0.002 passes the same check quietly."""
+    times = np.linspace(0.4, 20.0, 50)
+    args = (vdp_ode, [2.0, 0.0], [5.0], (0.0, 20.0))
+    ref = reference(vdp_ode, [2.0, 0.0], [5.0], 20.0, times)
+    tolerances = dict(rtol=1e-4, atol=1e-6)
+    with pytest.warns(pn.AccuracyWarning, match=r"fixed step 0.05 misses the tolerances") as caught:
+        coarse = pn.solve(*args, save_at=times, step=0.05, **tolerances)
+    assert coarse.success and coarse.stats["max_error"] > 1.0
+    assert np.max(np.abs(coarse.mean - ref)) > 0.1  # what the warning is about
+    suggested = float(str(caught[0].message).split("Use step=")[1].split(" ")[0])
+    assert suggested < 0.05
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        fine = pn.solve(*args, save_at=times, step=0.002, **tolerances)
+    assert fine.stats["max_error"] <= 1.0 and np.max(np.abs(fine.mean - ref)) < 1e-4
 
 
 def test_global_calibration_rescales_unit_diffusion_covariances(lv_ode):
