@@ -187,7 +187,8 @@ class ProbabilisticSolution:
         Posterior standard deviations.
     stats : dict
         ``n_steps`` (accepted), ``n_rejected``, ``n_f_evals``, ``success``, ``status``,
-        ``message``, ``t_final`` (the last time reached) and the calibrated ``diffusion``.
+        ``message``, ``t_final`` (the last time reached), the calibrated ``diffusion`` (the mean over the steps for
+        the local one) and ``max_error``, the largest scaled local error estimate of a step (1 = at the tolerances).
     run : ForwardRun
         The filter on its grid (:data:`pymc_pnode.filtering.odefilter.ForwardRun`): ``grid``, filter means
         ``mu`` and right square roots ``r`` of the covariances (``(N, D, D)``, or ``(N, n_blocks, q+1, q+1)`` for
@@ -403,7 +404,8 @@ class PiecewiseSolution:
         As in :class:`ProbabilisticSolution`, over all segments (an output time at a jump is solved just before it).
     stats : dict
         Sums of ``n_steps``, ``n_rejected`` and ``n_f_evals``; ``success``, ``status`` and ``message`` of the first
-        segment that failed (a failed segment ends the solve); ``t_final``; ``diffusion``: one per segment.
+        segment that failed (a failed segment ends the solve); ``t_final``; ``diffusion``: one per segment;
+        ``max_error``: the largest over the segments.
     pieces : list of tuple
         ``(solution, outputs)`` per segment solved: its :class:`ProbabilisticSolution` and the indices of its
         outputs that are outputs of the whole solve.
