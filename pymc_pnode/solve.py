@@ -607,11 +607,11 @@ def solve(
     return sol
 
 
-def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | None = None, step: float | None = None,
-                           rtol: float = 1e-6, atol: float = 1e-9, save_at=None,
-                           diffusion: str | float | None = None, smooth: bool = True, max_steps: int = 100_000,
+def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | None, step: float | None, rtol: float,
+                           atol: float, diffusion: str | float | None, smooth: bool, max_steps: int, save_at=None,
                            discontinuities=None) -> ProbabilisticSolution | PiecewiseSolution:
-    """:func:`solve` without its fixed-step warning (for callers that count and report accuracy themselves)."""
+    """:func:`solve` without its fixed-step warning (for callers that count and report accuracy themselves); the
+    settings without defaults, which are :func:`solve`'s."""
     ode = validate_ode(ode)
     solver = validate_filter(solver, STRUCTURES, "pn.solve")
     y0 = ode.validate_y0(y0)

@@ -10,7 +10,7 @@ import pytensor.tensor as pt
 import pytest
 
 import pymc_pnode as pn
-from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, checkpoint_interval
+from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, FenrirArguments, checkpoint_interval
 from tests import test_fenrir_discontinuities as chain
 from tests.conftest import lotka_volterra
 
@@ -92,13 +92,11 @@ def test_default_kernel_hands_over_only_dense_sweeps_over_budget(lv_ode, data):
 
 
 def _kernel_arguments(problem, data, want_grad):
-    from pymc_pnode.filtering.fenrir import FenrirArguments
-
     segment = problem.segments[0]
-    filled = np.where(np.isnan(data), np.nan, data)
     sigma = np.full(data.shape[1], 0.1)
     return FenrirArguments(Y0.copy(), THETA.copy(), problem.solver.prior.Q_bar_sqrt, problem.solver.ek1, 1.0,
-                           problem.diffusion_mode, problem.stepping, segment.grid, segment.obs_at, filled,
+                           problem.diffusion_mode, problem.stepping, segment.grid, segment.obs_at,
+                           np.ascontiguousarray(data, dtype=np.float64),
                            problem.obs_matrix, sigma, np.zeros(data.shape[1], dtype=np.int64), 1, want_grad,
                            np.ones(data.shape[0]) if want_grad else np.zeros(0), np.zeros(2), problem.memory_budget)
 
