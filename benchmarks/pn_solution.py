@@ -10,8 +10,11 @@ PyTensor function, default mode) of four Gaussian log-likelihoods at the true pa
 * ``fenrir``: ``pn.fenrir_loglik(..., diffusion="global")``, the same number as ``joint`` (tested to 1e-10)
   by a backward Kalman filter.
 
-At a fixed step 0.05 and with error control (rtol 1e-6, atol 1e-9, the defaults of ``probabilistic_solution``).
-Medians over ``--repeats`` calls, the four functions taking turns.
+At a fixed step 0.05 (the diffusion calibrated globally, the default there) and with error control (rtol 1e-6,
+atol 1e-9, the defaults of ``probabilistic_solution``) twice: with the global calibration (``diffusion="calibrated"``,
+as Fenrir's ``"global"``) and with the default local diffusion of each step (without the ``fenrir`` row: Fenrir's
+local diffusion is estimated differently, docs/fenrir.md). Medians over ``--repeats`` calls, the functions of a
+setting taking turns.
 
 Run: ``python benchmarks/pn_solution.py [--repeats 50]``; prints a Markdown table.
 
@@ -42,15 +45,16 @@ def fitzhugh_nagumo(y, t, p):
     return [p[2] * (y[0] - y[0] ** 3 / 3 + y[1]), -(y[0] - p[0] + p[1] * y[1]) / p[2]]
 
 
-def functions(ode, data, step):
-    """The four compiled ``(value, grad_y0, grad_theta)`` functions at one step setting."""
-    kwargs = dict(step=step) if step is not None else {}
+def functions(ode, data, step, diffusion):
+    """The compiled ``(value, grad_y0, grad_theta)`` functions at one setting (``fenrir`` only with the global
+    calibration)."""
+    kwargs = dict(step=step) if step is not None else dict(diffusion=diffusion)
     out = {}
-    for name in ("filter", "smooth", "joint", "fenrir"):
+    for name in ("filter", "smooth", "joint", "fenrir")[:3 if diffusion == "local" else 4]:
         y0, theta = pt.dvector("y0"), pt.dvector("theta")
         if name == "fenrir":
             value = pn.fenrir_loglik(ode, y0, theta, TIMES, data, obs_sigma=SIGMA, diffusion="global",
-                                     rtol=1e-6, atol=1e-9, **kwargs)
+                                     rtol=1e-6, atol=1e-9, step=step)
         elif name == "joint":
             mean, _, cov = pn.probabilistic_solution(ode, y0, theta, TIMES, smooth=True, joint_cov=True, **kwargs)
             value = pm.logp(pm.MvNormal.dist(mean.ravel(), cov + SIGMA**2 * np.eye(data.size)), data.ravel())
@@ -109,8 +113,8 @@ def main() -> None:
           f"{platform.machine()}; medians over {args.repeats} calls\n")
     print("| step | output | log-likelihood | logp+grad (ms) | × filter |")
     print("|---|---|---|---|---|")
-    for step in (0.05, None):
-        fns = functions(ode, data, step)
+    for step, diffusion in ((0.05, None), (None, "calibrated"), (None, "local")):
+        fns = functions(ode, data, step, diffusion)
         values = {name: float(f(Y0, THETA)[0]) for name, f in fns.items()}  # also compiles the kernels
         times = {name: [] for name in fns}
         for _ in range(args.repeats):
@@ -121,7 +125,7 @@ def main() -> None:
         base = np.median(times["filter"])
         for name in fns:
             med = np.median(times[name])
-            label = f"{step}" if step is not None else "error control"
+            label = f"{step}" if step is not None else f"error control, {diffusion}"
             print(f"| {label} | {name} | {values[name]:.6f} | {1e3 * med:.3f} | {med / base:.2f} |")
 
 

@@ -67,4 +67,5 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public API (not the module's own imports, such as ``importlib``)."""
+    return sorted({*__all__, *_SUBPACKAGES, "__version__"})

@@ -11,7 +11,6 @@ diffusion on the parameters.
 
 from __future__ import annotations
 
-import math
 from collections import namedtuple
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from pymc_pnode._jit import readonly, register_numba
 from pymc_pnode.accuracy import RESCALE, SolverDiagnostics, needs_rounding_check, reproducible
 from pymc_pnode.differential_equation import flag_failed_solve
 from pymc_pnode.discontinuities import split_times
+from pymc_pnode.filtering.odefilter import DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.structure import STRUCTURES
 from pymc_pnode.filtering.tangents import (
     StepTangents,
@@ -37,7 +37,7 @@ from pymc_pnode.filtering.tangents import (
 )
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import ODEFilter, solve_without_warnings, validate_filter, validate_ode
+from pymc_pnode.solve import ODEFilter, solve_diffusion_mode, solve_without_warnings, validate_filter, validate_ode
 from pymc_pnode.validation import validate_discontinuities, validate_times
 
 __all__ = ["PNSolutionProblem", "probabilistic_solution"]
@@ -54,9 +54,9 @@ solve)."""
 class PNSolutionProblem:
     """One ODE filter solve per evaluation, reporting its marginals at ``times`` and their tangents.
 
-    Attributes mirror the arguments of :func:`probabilistic_solution`; ``diffusion`` is ``None`` for the
-    calibrated (global quasi-maximum-likelihood) diffusion. ``diagnostics`` counts the evaluations (failed solves,
-    and Jacobians refused as rounding noise, which warn).
+    Attributes mirror the arguments of :func:`probabilistic_solution`; ``diffusion`` is ``"local"`` (calibrated at
+    each step), ``"calibrated"`` (one global quasi-maximum-likelihood estimate per solve) or a fixed value.
+    ``diagnostics`` counts the evaluations (failed solves, and Jacobians refused as rounding noise, which warn).
     """
 
     ode: ODE
@@ -66,7 +66,7 @@ class PNSolutionProblem:
     rtol: float
     atol: float
     max_steps: int
-    diffusion: float | None
+    diffusion: str | float
     smooth: bool = False
     joint_cov: bool = False
     t_start: float | None = None  # where the solve starts (default ``ode.t0``; a segment after a discontinuity)
@@ -105,8 +105,7 @@ class PNSolutionProblem:
         theta = np.array(theta, dtype=np.float64).reshape(ode.n_theta)
         sol = solve_without_warnings(ode, y0, theta, (self.start, float(self.times[-1])), solver=self.solver,
                                      step=self.step, rtol=self.rtol, atol=self.atol, save_at=self.times,
-                                     smooth=self.smooth, max_steps=self.max_steps,
-                                     diffusion="calibrated" if self.diffusion is None else self.diffusion)
+                                     smooth=self.smooth, max_steps=self.max_steps, diffusion=self.diffusion)
         if not sol.success:
             self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], 0.0, failed=True,
                                     failure=f"{sol.stats['message']}, at t = {sol.stats['t_final']:.6g}")
@@ -135,7 +134,8 @@ class PNSolutionProblem:
         n_out, n_dir = self.times.size, self.n_directions
         run = stored_run(sol.run.grid, sol.run.mu, sol.run.r, sol.run.kappa, sol.out_index)
         n_kept, dd = (run.grid.size if self.smooth else 1), run.mu.shape[1]
-        steps = StepTangents(np.zeros((n_kept, dd, n_dir)), np.zeros((n_kept, n_dir) + run.r.shape[1:]))
+        steps = StepTangents(np.zeros((n_kept, dd, n_dir)), np.zeros((n_kept, n_dir) + run.r.shape[1:]),
+                             np.zeros((n_kept, n_dir)))
         steps.dmu[0] = seeds
         ek1, dense = self.solver.ek1, run.r.ndim == 3
         tangents = filter_tangents if dense else block_filter_tangents
@@ -146,12 +146,14 @@ class PNSolutionProblem:
         else:  # the block-diagonal EK1 needs the rows ∂²f_i/∂y_i∂(y, θ) only
             hess_y, hess_p = ode.hess_rows_y.address, ode.hess_rows_p.address
         field = TangentField(*ode.field_addresses, hess_y, hess_p, theta, ek1)
-        dmean, dvar, dstat, rounding = tangents(field, run, steps, readonly(self.solver.prior.Q_bar_sqrt))
+        mode = solve_diffusion_mode(self.diffusion, self.step is None)[0]
+        dmean, dvar, dstat, rounding = tangents(field, run, steps, readonly(self.solver.prior.Q_bar_sqrt),
+                                                mode == DIFFUSION_LOCAL)
         cov, dcov = np.zeros((n_out, d, 0, d)), np.zeros((n_out, d, 0, d, n_dir))
         if self.smooth:
             dmean, dvar, cov, dcov = sol.smoothing_tangents(steps, self.joint_cov)
         var = sol.std**2
-        if self.diffusion is None:
+        if mode == DIFFUSION_GLOBAL:
             # σ² = Σ ẑᵀS⁻¹ẑ / (N d) scales every covariance: dΣ = (dΣ)|σ² + Σ dσ²/σ² (dstat is dσ²/σ² · N d).
             relative = dstat / (sol.stats["n_steps"] * d)
             dvar = dvar + var[:, :, None] * relative
@@ -252,9 +254,9 @@ def probabilistic_solution(
     (``.mean``, ``.std`` and ``.joint_cov()``): the marginals of an EK0/EK1 ODE filter (Tronarp et al., 2019)
     at the output times — filtering marginals by default, the smoothing posterior (Rauch–Tung–Striebel through
     the filter's backward kernels) with ``smooth=True`` — with the diffusion calibrated by quasi-maximum
-    likelihood over the solve (Bosch, Hennig & Tronarp, 2021) unless fixed. Gradients with respect to ``y0``
-    and ``theta`` are exact for the grid the solve chose and include the calibrated diffusion's dependence on
-    them (forward-mode tangents of the filter and, with ``smooth=True``, of the smoother).
+    likelihood, per step or over the solve (Bosch, Hennig & Tronarp, 2021), unless fixed. Gradients with respect
+    to ``y0`` and ``theta`` are exact for the grid the solve chose and include the calibrated diffusion's
+    dependence on them (forward-mode tangents of the filter and, with ``smooth=True``, of the smoother).
 
     Use the standard deviation to account for the numerical error in any likelihood, e.g. with Gaussian
     noise ``y ~ N(mean, σ² + std²)``, or with lognormal noise ``log y ~ N(log mean, σ² + (std / mean)²)``
@@ -280,13 +282,14 @@ def probabilistic_solution(
         As in :func:`pymc_pnode.solve`. A fixed ``step`` is checked against ``rtol``/``atol`` at every evaluation:
         where it misses them an :class:`~pymc_pnode.AccuracyWarning` says so once, with a suggested step (counts
         in the problem's ``diagnostics``).
-    diffusion : float, optional
-        A fixed diffusion; default: calibrated per solve by the global quasi-maximum-likelihood estimate (the
-        local, per-step diffusion that :func:`pymc_pnode.solve` uses by default with error-controlled steps has no
-        gradient here yet). With error-controlled steps the global scalar can be over-confident on stiff
-        oscillations: Van der Pol (μ = 5) at rtol 1e-3 has errors of up to 125 standard deviations
-        (``benchmarks/solve_calibration.py``); check ``std`` against a tighter solve, or use a fixed step that
-        passes the check above (the global scalar is well calibrated or conservative there).
+    diffusion : {"local", "calibrated"}, float or None
+        As in :func:`pymc_pnode.solve`: ``"local"`` calibrates each step's diffusion from its own residual
+        (Schober et al., 2019; Bosch, Hennig & Tronarp, 2021, eq. 21), ``"calibrated"`` one global
+        quasi-maximum-likelihood scalar per solve (Tronarp et al., 2019, Prop. 4), a number fixes it. Default
+        (``None``): local with error-controlled steps, global with a fixed ``step``. The gradients include the
+        calibrated diffusion's dependence on ``y0`` and ``theta`` in both modes. With error-controlled steps the
+        global scalar can be over-confident on stiff oscillations (Van der Pol, μ = 5, rtol 1e-3: errors of up to
+        125 standard deviations, the local diffusion's within 0.6; ``benchmarks/solve_calibration.py``).
     smooth : bool, default False
         Report the smoothing posterior (conditioned on the whole solve) instead of the filtering marginals
         (conditioned on the steps up to each time). The smoother's gradients store the filter's tangents at
@@ -321,9 +324,9 @@ def probabilistic_solution(
     times = validate_times(times, "times", start=ode.t0)
     if times[-1] <= ode.t0:
         raise ValueError(f"times must reach beyond the ODE's t0={ode.t0}")
-    fixed = isinstance(diffusion, (int, float)) and not isinstance(diffusion, bool)
-    if diffusion is not None and not (fixed and diffusion > 0 and math.isfinite(diffusion)):
-        raise ValueError(f"diffusion must be a positive number or None (calibrated), got {diffusion!r}")
+    if isinstance(diffusion, (bool, np.bool_)) or not (diffusion is None or isinstance(diffusion, (str, int, float))):
+        raise ValueError(f"diffusion must be 'local', 'calibrated', a positive number or None, got {diffusion!r}")
+    mode, kappa = solve_diffusion_mode(diffusion, step is None)  # ValueErrors that name diffusion
     for flag, value in (("smooth", smooth), ("joint_cov", joint_cov)):
         if not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"{flag} must be True or False, got {value!r}")
@@ -334,8 +337,8 @@ def probabilistic_solution(
         raise ValueError(f"step must not exceed the time span times[-1] - t0 = {times[-1] - ode.t0!r}, got {step!r}")
     disc = validate_discontinuities(discontinuities, ode.t0, float(times[-1]))
     settings = dict(solver=solver, rtol=control.rtol, atol=control.atol, max_steps=int(control.max_steps),
-                    diffusion=None if diffusion is None else float(diffusion), smooth=bool(smooth),
-                    joint_cov=bool(joint_cov))
+                    diffusion={DIFFUSION_LOCAL: "local", DIFFUSION_GLOBAL: "calibrated"}.get(mode, kappa),
+                    smooth=bool(smooth), joint_cov=bool(joint_cov))
     y_start, theta_t = ode.y0_tensor(y0), ode.theta_tensor(theta)
     means, stds, covs, log_ok = [], [], [], None
     for start, end, _, at in split_times(ode.t0, float(times[-1]), disc, times):

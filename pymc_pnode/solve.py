@@ -145,7 +145,7 @@ _DIFFUSIONS = {
 }
 
 
-def _diffusion_mode(diffusion, adaptive: bool) -> tuple[int, float]:
+def solve_diffusion_mode(diffusion, adaptive: bool) -> tuple[int, float]:
     """``(mode, κ)`` of ``pn.solve``'s ``diffusion``; ``None`` is local with adaptive steps, global with a fixed one."""
     if diffusion is None:
         return (DIFFUSION_LOCAL if adaptive else DIFFUSION_GLOBAL), 1.0
@@ -294,7 +294,8 @@ class ProbabilisticSolution:
         d, n_out, q1 = self.ode.n_states, self.t.size, self.solver.order + 1
         n_pts, dd = self.run.mu.shape
         if steps is None:
-            steps = StepTangents(np.zeros((n_pts, dd, 0)), np.zeros((n_pts, 0) + self.run.r.shape[1:]))
+            steps = StepTangents(np.zeros((n_pts, dd, 0)), np.zeros((n_pts, 0) + self.run.r.shape[1:]),
+                                 np.zeros((n_pts, 0)))
         n_dir, n_joint = steps.dmu.shape[2], (n_out if joint else 0)
         dmean, dvar = np.zeros((n_out, d, n_dir)), np.zeros((n_out, d, n_dir))
         cov, dcov = np.zeros((n_joint, d, n_joint, d)), np.zeros((n_joint, d, n_joint, d, n_dir))
@@ -308,7 +309,7 @@ class ProbabilisticSolution:
                 rows = np.arange(q1) * d + states[0]
                 block = states[0] if self.run.r.shape[1] > 1 else 0
                 group_steps = StepTangents(np.ascontiguousarray(steps.dmu[:, rows]),
-                                           np.ascontiguousarray(steps.dsig[:, :, block]))
+                                           np.ascontiguousarray(steps.dsig[:, :, block]), steps.dkappa)
             g_mean, g_var, g_cov, g_dcov = smoothing_tangents(group.run, group.smoothed, group_steps, rq, joint)
             dmean[:, states], dvar[:, states] = g_mean, g_var
             if joint:
@@ -618,7 +619,7 @@ def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | N
     theta = ode.validate_theta(theta)
     t0, t1 = validate_t_span(t_span)
     adaptive = step is None
-    mode, kappa = _diffusion_mode(diffusion, adaptive)
+    mode, kappa = solve_diffusion_mode(diffusion, adaptive)
     if not adaptive:
         step = validate_step(step, t1 - t0)
     if not (rtol > 0 and atol > 0):  # a fixed step is checked against them too

@@ -31,11 +31,16 @@ def fhn():
 
 Y0_LV, THETA_LV = np.array([1.0, 1.0]), np.array([1.5, 1.0, 1.0, 3.0])
 SETTINGS = [
-    dict(step=0.05),  # EK1(3), calibrated diffusion
+    dict(step=0.05),  # EK1(3); with a fixed step the diffusion defaults to the global calibration
     dict(step=0.05, diffusion=0.3),
+    dict(step=0.05, diffusion="local"),  # κ_n of each step, differentiated through
     dict(solver=pn.EK0(order=2), step=0.02),
-    dict(solver=pn.EK1(order=2)),  # error-controlled steps
+    dict(solver=pn.EK0(order=2), step=0.02, diffusion="local"),
+    dict(solver=pn.EK1(order=2)),  # error-controlled steps (and the local diffusion, by default)
+    dict(solver=pn.EK1(order=2), diffusion="calibrated"),
 ]
+SETTING_IDS = ["ek1-calibrated", "ek1-fixed-diffusion", "ek1-local", "ek0", "ek0-local", "ek1-adaptive",
+               "ek1-adaptive-calibrated"]
 
 
 def _functions(ode, times, weights, **kwargs):
@@ -46,16 +51,14 @@ def _functions(ode, times, weights, **kwargs):
     return values, pytensor.function([y0, theta], objective)
 
 
-@pytest.mark.parametrize("kwargs", SETTINGS, ids=["ek1-calibrated", "ek1-fixed-diffusion", "ek0", "ek1-adaptive"])
+@pytest.mark.parametrize("kwargs", SETTINGS, ids=SETTING_IDS)
 def test_values_equal_solve_and_gradients_match_central_differences(lv_ode, kwargs):
     times = np.linspace(0.0, 6.0, 13)  # includes t0, where std = 0
     weights = np.random.default_rng(1).standard_normal((2, times.size, 2))
     weights[1, 0] = 0.0  # log std is -inf at t0
     values, objective = _functions(lv_ode, times, weights, **kwargs)
     mean, std, _, g_y0, g_theta = values(Y0_LV, THETA_LV)
-    solve_kwargs = {k: v for k, v in kwargs.items() if k != "diffusion"}
-    sol = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 6.0), save_at=times, smooth=False,
-                   diffusion=kwargs.get("diffusion", "calibrated"), **solve_kwargs)
+    sol = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 6.0), save_at=times, smooth=False, **kwargs)
     np.testing.assert_array_equal(mean, sol.mean)
     np.testing.assert_array_equal(std, sol.std)
     assert np.all(std[1:] > 0) and np.all(std[0] == 0)
@@ -66,16 +69,14 @@ def test_values_equal_solve_and_gradients_match_central_differences(lv_ode, kwar
         np.testing.assert_allclose(grad, fd, rtol=rtol, atol=rtol * np.abs(fd).max())
 
 
-@pytest.mark.parametrize("kwargs", SETTINGS, ids=["ek1-calibrated", "ek1-fixed-diffusion", "ek0", "ek1-adaptive"])
+@pytest.mark.parametrize("kwargs", SETTINGS, ids=SETTING_IDS)
 def test_smoothed_values_equal_solve_and_gradients_match_central_differences(lv_ode, kwargs):
     times = np.linspace(0.5, 6.0, 12)
     rng = np.random.default_rng(3)
     weights = rng.standard_normal((2, times.size, 2))
     y0, theta = pt.dvector("y0"), pt.dvector("theta")
     mean, std, cov = pn.probabilistic_solution(lv_ode, y0, theta, times, smooth=True, joint_cov=True, **kwargs)
-    solve_kwargs = {k: v for k, v in kwargs.items() if k != "diffusion"}
-    sol = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 6.0), save_at=times, smooth=True,
-                   diffusion=kwargs.get("diffusion", "calibrated"), **solve_kwargs)
+    sol = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 6.0), save_at=times, smooth=True, **kwargs)
     joint = sol.joint_cov().reshape(cov.type.shape)
     # the covariance across times, weighted to the size of the other terms. Fixed steps only for the
     # uncertainties: under error control the differences' grids move with the parameters, and the smoothed
@@ -89,8 +90,7 @@ def test_smoothed_values_equal_solve_and_gradients_match_central_differences(lv_
     np.testing.assert_array_equal(s, sol.std)
     np.testing.assert_allclose(c, joint, rtol=1e-12, atol=1e-14 * np.abs(joint).max())
     np.testing.assert_allclose(np.diag(c), s.ravel() ** 2, rtol=1e-9)
-    unsmoothed = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 6.0), save_at=times, smooth=False,
-                          diffusion=kwargs.get("diffusion", "calibrated"), **solve_kwargs)
+    unsmoothed = pn.solve(lv_ode, Y0_LV, THETA_LV, (0.0, 6.0), save_at=times, smooth=False, **kwargs)
     assert np.all(s[:-1] < unsmoothed.std[:-1])  # the smoother conditions on later steps too
     value = pytensor.function([y0, theta], objective)
     if "step" in kwargs:
@@ -98,34 +98,40 @@ def test_smoothed_values_equal_solve_and_gradients_match_central_differences(lv_
     else:
         # error control: the differences' grids move with the parameters (rtol 1e-3) and, at some points,
         # gain or lose steps; take each difference on a side where the number of steps is unchanged
-        rtol, fds = 1e-3, _same_grid_size_differences(value, lv_ode, times, solve_kwargs)
+        def n_steps(y0, theta):
+            return pn.solve(lv_ode, y0, theta, (0.0, times[-1]), save_at=times, **kwargs).stats["n_steps"]
+
+        rtol, fds = 1e-3, _same_grid_size_differences(value, n_steps, Y0_LV, THETA_LV)
     for grad, fd in zip((g_y0, g_theta), fds):
         np.testing.assert_allclose(grad, fd, rtol=rtol, atol=rtol * np.abs(fd).max())
 
 
-def _same_grid_size_differences(value, ode, times, solve_kwargs, eps=1e-6):
-    """Central differences, or one-sided ones where a perturbation changes the solve's number of steps."""
-    def n_steps(y0, theta):
-        return pn.solve(ode, y0, theta, (0.0, times[-1]), save_at=times, **solve_kwargs).stats["n_steps"]
-
-    center, f0 = n_steps(Y0_LV, THETA_LV), value(Y0_LV, THETA_LV)
+def _same_grid_size_differences(value, n_steps, y0, theta, eps=1e-6):
+    """Central differences of ``value(y0, theta)``, or one-sided ones where a perturbation changes the solve's
+    number of steps (``n_steps(y0, theta)``); where both sides change it, the same with a 10 or 100 times
+    smaller perturbation."""
+    center, f0 = n_steps(y0, theta), value(y0, theta)
     grads = []
-    for which, x in enumerate((Y0_LV, THETA_LV)):
-        grad = np.empty(x.size)
-        for i, e in enumerate(eps * np.eye(x.size)):
-            args_plus = (x + e, THETA_LV) if which == 0 else (Y0_LV, x + e)
-            args_minus = (x - e, THETA_LV) if which == 0 else (Y0_LV, x - e)
-            plus_ok, minus_ok = n_steps(*args_plus) == center, n_steps(*args_minus) == center
-            assert plus_ok or minus_ok
-            if plus_ok and minus_ok:
-                grad[i] = (value(*args_plus) - value(*args_minus)) / (2 * eps)
-            else:
-                grad[i] = (value(*args_plus) - f0) / eps if plus_ok else (f0 - value(*args_minus)) / eps
+    for which, x in enumerate((y0, theta)):
+        grad = np.full(x.size, np.nan)
+        for i in range(x.size):
+            for h in (eps, eps / 10, eps / 100):
+                e = h * np.eye(x.size)[i]
+                args_plus = (x + e, theta) if which == 0 else (y0, x + e)
+                args_minus = (x - e, theta) if which == 0 else (y0, x - e)
+                plus_ok, minus_ok = n_steps(*args_plus) == center, n_steps(*args_minus) == center
+                if plus_ok and minus_ok:
+                    grad[i] = (value(*args_plus) - value(*args_minus)) / (2 * h)
+                elif plus_ok or minus_ok:
+                    grad[i] = (value(*args_plus) - f0) / h if plus_ok else (f0 - value(*args_minus)) / h
+                if plus_ok or minus_ok:
+                    break
+        assert np.all(np.isfinite(grad)), "every perturbation changed the number of steps"
         grads.append(grad)
     return grads
 
 
-@pytest.mark.parametrize("kwargs", [dict(step=0.02, diffusion=0.5), dict(step=0.02), dict()],
+@pytest.mark.parametrize("kwargs", [dict(step=0.02, diffusion=0.5), dict(step=0.02), dict(diffusion="calibrated")],
                          ids=["fixed-diffusion", "calibrated", "adaptive-calibrated"])
 def test_gaussian_likelihood_with_joint_covariance_is_the_fenrir_likelihood(lv_ode, kwargs):
     """``y ~ N(mean, σ² I + cov)`` marginalises the data over the PN posterior, as Fenrir does with a backward
@@ -235,7 +241,9 @@ def test_bad_arguments_raise_value_errors_naming_them(lv_ode):
         (dict(step=-0.1), "step"),
         (dict(step=10.0), "step"),
         (dict(rtol=2.0), "rtol"),
-        (dict(diffusion="local"), "diffusion"),
+        (dict(diffusion="often"), "diffusion"),
+        (dict(diffusion=-1.0), "diffusion"),
+        (dict(diffusion=True), "diffusion"),
         (dict(solver="ek1"), "solver"),
     ]:
         with pytest.raises(ValueError, match=match):
@@ -330,8 +338,11 @@ def test_discontinuities_values_equal_piecewise_solve_and_reference_and_gradient
     objective = pt.sum(weights[0] * mean) + float(fixed) * pt.sum(weights[1, 1:] * pt.log(std[1:]))
     values = pytensor.function([y0, theta], [mean, std, cov, *pt.grad(objective, [y0, theta])])
     m, s, c, g_y0, g_theta = values(chain.Y0, chain.THETA)
-    sol = pn.solve(driven, chain.Y0, chain.THETA, (0.0, 8.0), save_at=DRIVEN_TIMES, smooth=True,
-                   discontinuities=[chain.ON, chain.OFF], diffusion="calibrated", **kwargs)
+    def solve(y0, theta):
+        return pn.solve(driven, y0, theta, (0.0, 8.0), save_at=DRIVEN_TIMES, smooth=True,
+                        discontinuities=[chain.ON, chain.OFF], **kwargs)
+
+    sol = solve(chain.Y0, chain.THETA)
     np.testing.assert_array_equal(m, sol.mean)
     np.testing.assert_array_equal(s, sol.std)
     np.testing.assert_array_equal(c, sol.joint_cov().reshape(c.shape))
@@ -342,8 +353,12 @@ def test_discontinuities_values_equal_piecewise_solve_and_reference_and_gradient
     exact = chain.reference(chain.THETA, times=DRIVEN_TIMES[1:])
     np.testing.assert_allclose(m[1:], exact, atol=1e-5)  # the solution mean through both switches
     value = pytensor.function([y0, theta], objective)
-    rtol = 1e-6 if fixed else 1e-3
-    for grad, fd in zip((g_y0, g_theta), central_differences(value, chain.Y0, chain.THETA)):
+    if fixed:
+        rtol, fds = 1e-6, central_differences(value, chain.Y0, chain.THETA)
+    else:  # error control: some perturbations of 1e-6 change the grid (see the smoothing test above)
+        rtol, fds = 1e-3, _same_grid_size_differences(value, lambda *x: solve(*x).stats["n_steps"], chain.Y0,
+                                                      chain.THETA)
+    for grad, fd in zip((g_y0, g_theta), fds):
         np.testing.assert_allclose(grad, fd, rtol=rtol, atol=rtol * np.abs(fd).max())
 
 

@@ -157,7 +157,7 @@ def test_structure_errors_name_the_structure(chain_ode):
         validate_filter(pn.EK1(3, "diagonal"), ("dense",), user="a dense-only user")
 
 
-@pytest.mark.parametrize("diffusion", [None, 0.5], ids=["calibrated", "fixed"])
+@pytest.mark.parametrize("diffusion", [None, "local", 0.5], ids=["calibrated", "local", "fixed"])
 @pytest.mark.parametrize("solver", [pn.EK1(3, "diagonal"), pn.EK0(3, "isotropic"), pn.EK0(3, "diagonal")],
                          ids=["EK1-diagonal", "EK0-isotropic", "EK0-diagonal"])
 def test_structured_probabilistic_solution_equals_solve_with_exact_gradients(chain_ode, solver, diffusion):
@@ -165,8 +165,7 @@ def test_structured_probabilistic_solution_equals_solve_with_exact_gradients(cha
     ``pn.solve`` and gradients that match central differences (a fixed step: the exact derivative)."""
     times = SAVE[1:]
     kwargs = dict(solver=solver, step=0.05, diffusion=diffusion)
-    solve_kwargs = dict(solver=solver, step=0.05, save_at=times,
-                        diffusion="calibrated" if diffusion is None else diffusion)
+    solve_kwargs = dict(solver=solver, step=0.05, save_at=times, diffusion=diffusion)
     filtered = pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), smooth=False, **solve_kwargs)
     smoothed = pn.solve(chain_ode, Y0, THETA, (0.0, 2.0), **solve_kwargs)
     joint = smoothed.joint_cov().reshape(times.size * D, times.size * D)

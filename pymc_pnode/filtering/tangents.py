@@ -27,6 +27,7 @@ import numpy as np
 
 from pymc_pnode._callbacks import FN, call
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use, readonly
+from pymc_pnode.filtering.calibration import KAPPA_FLOOR, local_error_work, local_kappa_adjoint
 from pymc_pnode.filtering.linalg import matmul, matmul_nt, matmul_part, matmul_tn, solve_gram_inplace
 from pymc_pnode.filtering.predict import predict_root
 from pymc_pnode.filtering.prior import add_noise, apply_transition, congruence, set_step, transition_matrix
@@ -45,9 +46,10 @@ StoredRun = namedtuple("StoredRun", ["grid", "mu", "r", "kappa", "out_index"])
 StoredRun.__doc__ = """A filter run as :func:`filter_tangents` reads it (read-only arrays): the grid (``N + 1``), means
 ``(N + 1, D)``, upper roots ``r`` (``Σ_n = r_nᵀ r_n``), the diffusion ``kappa[n]`` of the step that ended at
 ``grid[n]``, and the indices of the steps whose marginals are reported."""
-StepTangents = namedtuple("StepTangents", ["dmu", "dsig"])
-StepTangents.__doc__ = """Tangents of the filter's means ``dmu`` (``(K, D, P)``) and covariances ``dsig``
-(``(K, P, D, D)``) at the grid points ``0 .. K - 1``. :func:`filter_tangents` reads the initial mean's tangent
+StepTangents = namedtuple("StepTangents", ["dmu", "dsig", "dkappa"])
+StepTangents.__doc__ = """Tangents of the filter's means ``dmu`` (``(K, D, P)``), covariances ``dsig``
+(``(K, P, D, D)``) and diffusions ``dkappa`` (``(K, P)``, of the step that ended at each point: zero unless the
+diffusion is local) at the grid points ``0 .. K - 1``. :func:`filter_tangents` reads the initial mean's tangent
 from ``dmu[0]`` and, when ``K`` is the number of grid points, fills in every step (the smoother needs them);
 with ``K = 1`` it keeps none."""
 SmoothedRun = namedtuple("SmoothedRun", ["mu", "r"])
@@ -61,7 +63,8 @@ def stored_run(grid: np.ndarray, mu: np.ndarray, r: np.ndarray, kappa: np.ndarra
 
 
 _STORED_RUN_T = nb.types.NamedTuple([_R1, _R2, _R3, _R1, _RI1], StoredRun)
-_STEP_TANGENTS_T = nb.types.NamedTuple([nb.float64[:, :, ::1], nb.float64[:, :, :, ::1]], StepTangents)
+_STEP_TANGENTS_T = nb.types.NamedTuple([nb.float64[:, :, ::1], nb.float64[:, :, :, ::1], nb.float64[:, ::1]],
+                                       StepTangents)
 _SMOOTHED_RUN_T = nb.types.NamedTuple([_R2, _R3], SmoothedRun)
 # The vector field as the tangent kernels need it: f and its first and second derivatives (addresses of C
 # callbacks, :mod:`pymc_pnode._callbacks`; the second derivatives are not called by the EK0: 0 will do), the
@@ -69,7 +72,7 @@ _SMOOTHED_RUN_T = nb.types.NamedTuple([_R2, _R3], SmoothedRun)
 # the dense kernel and their rows ``∂²f_i/∂y_i∂(y, θ)`` (``ODE.hess_rows_y``/``hess_rows_p``) for the block one.
 TangentField = namedtuple("TangentField", ["rhs", "jac_y", "jac_p", "hess_y", "hess_p", "theta", "ek1"])
 _TANGENT_FIELD_T = nb.types.NamedTuple([FN, FN, FN, FN, FN, nb.float64[::1], nb.boolean], TangentField)
-_TANGENTS_SIG = (_TANGENT_FIELD_T, _STORED_RUN_T, _STEP_TANGENTS_T, _R2)
+_TANGENTS_SIG = (_TANGENT_FIELD_T, _STORED_RUN_T, _STEP_TANGENTS_T, _R2, nb.boolean)
 
 
 # The vector field and its first and second derivatives at one point (work arrays of :func:`evaluate_field`).
@@ -111,13 +114,14 @@ def record_initial_outputs(out_index: np.ndarray, dmu: np.ndarray, d: int, dmean
 
 @nb.njit(**INLINE_JIT)
 def finish_step(n: int, steps, out_index: np.ndarray, k_out: int, dmu: np.ndarray, dsig: np.ndarray,
-                dmean: np.ndarray, dvar: np.ndarray) -> int:
+                dkappa: np.ndarray, dmean: np.ndarray, dvar: np.ndarray) -> int:
     """After the update at grid point ``n``: keep the tangents in ``steps`` if it has room, and record those of
     ``E0 μ`` and of the variances at the output steps at ``n``; returns the next output. ``dsig`` is dense
     ``(P, D, D)`` or per block ``(P, n_blocks, q + 1, q + 1)`` (the rank decides, at compile time)."""
     if steps.dmu.shape[0] > 1:
         steps.dmu[n] = dmu
         steps.dsig[n] = dsig
+        steps.dkappa[n] = dkappa
     d = dmean.shape[1]
     while k_out < out_index.shape[0] and out_index[k_out] == n:
         for j in range(dmean.shape[2]):
@@ -227,13 +231,16 @@ def update_tangent(update: LinearisedUpdate, dh: np.ndarray, dz: np.ndarray, wor
 
 
 @compile_on_first_use(_TANGENTS_SIG, **INLINE_JIT)
-def filter_tangents(vector_field, run, steps, rq):
+def filter_tangents(vector_field, run, steps, rq, local):
     """Tangents of the filter means and covariances at the steps ``run.out_index`` of a stored run.
 
     Parameters: the :class:`TangentField` (the vector field, its first and second derivatives, the parameters
     and EK1 or EK0); the :class:`StoredRun`; the :class:`StepTangents` (``steps.dmu[0]`` the tangent of the
     initial mean; filled at every step if it has room); the root ``rq`` of ``Q̄`` (``(q + 1, q + 1)``: it sets
-    the IWP order ``q``, and ``D = (q + 1) d`` the number of states).
+    the IWP order ``q``, and ``D = (q + 1) d`` the number of states); ``local``: the run's diffusions are the
+    local ones, each step's ``κ_n = ẑ_nᵀ C_n⁻¹ ẑ_n / d`` from its own residual (:func:`~.calibration.local_error`),
+    whose tangent ``dκ_n = ∂κ/∂ẑ · dẑ + ∂κ/∂L · dL`` (:func:`~.calibration.local_kappa_adjoint` with a unit
+    cotangent) adds ``dκ_n Q(h)`` to ``dΣ⁻`` (zero where ``κ_n`` was floored); else they are constants.
 
     Returns ``(dmean, dvar, dstat, rounding)``: the tangents of ``E0 μ`` (``(K, d, P)``) and of the variances
     ``diag(E0 Σ E0ᵀ)`` (``(K, d, P)``) at the output steps, the tangent (``(P,)``) of the calibration
@@ -262,6 +269,9 @@ def filter_tangents(vector_field, run, steps, rq):
     dh = np.zeros((d, dd))
     work = tangent_work(dd, d)
     dmu_pred, dsig_pred = work.dmu_pred, work.dsig_pred
+    lin = np.zeros((d, d))  # L of the local diffusion's H = E1 − L E0 (zero for the EK0)
+    kappa_zbar, kappa_jbar, kappa_work = np.empty(d), np.empty((d, d)), local_error_work(q, d)
+    dkappa = np.zeros(n_dir)
     k_out = record_initial_outputs(out_index, dmu, d, dmean)
     for n in range(ts.shape[0] - 1):
         t_new = ts[n + 1]
@@ -280,6 +290,12 @@ def filter_tangents(vector_field, run, steps, rq):
                 for c in range(d):
                     h_mat[k, c] = -jac[k, c]
         update = linearised_update(sig_pred, h_mat, z)
+        varies = local and kappas[n + 1] > KAPPA_FLOOR  # (a floored κ is a constant)
+        if varies:
+            if ek1:
+                lin[:, :] = jac
+            local_kappa_adjoint(1.0, step, rq, q, d, lin, z, kappa_work, kappa_zbar, kappa_jbar)
+        dkappa[:] = 0.0
         for j in range(n_dir):
             for c in range(dd):
                 dmu_col[c] = dmu[c, j]
@@ -301,21 +317,31 @@ def filter_tangents(vector_field, run, steps, rq):
                         if j >= d:
                             v += hyp[k, c, j - d]
                         dh[k, c] = -v
+            if varies:  # dκ = ∂κ/∂ẑ · dẑ + ∂κ/∂L · dL, with dL = −dH on the E0 columns
+                v = 0.0
+                for k in range(d):
+                    v += kappa_zbar[k] * dz[k]
+                    if ek1:
+                        for c in range(d):
+                            v -= kappa_jbar[k, c] * dh[k, c]
+                dkappa[j] = v
+                add_noise(step, rq, q, d, v, dsig_pred)
             dstat[j] += update_tangent(update, dh, dz, work, new_dmu, dsig[j])
             for c in range(dd):
                 dmu[c, j] = new_dmu[c]
-        k_out = finish_step(n + 1, steps, out_index, k_out, dmu, dsig, dmean, dvar)
+        k_out = finish_step(n + 1, steps, out_index, k_out, dmu, dsig, dkappa, dmean, dvar)
     return dmean, dvar, dstat, work.rounding[0]
 
 
 _R4 = nb.types.Array(nb.float64, 4, "C", readonly=True)
 _STORED_BLOCK_RUN_T = nb.types.NamedTuple([_R1, _R2, _R4, _R1, _RI1], StoredRun)
-_BLOCK_STEP_TANGENTS_T = nb.types.NamedTuple([nb.float64[:, :, ::1], nb.float64[:, :, :, :, ::1]], StepTangents)
-_BLOCK_TANGENTS_SIG = (_TANGENT_FIELD_T, _STORED_BLOCK_RUN_T, _BLOCK_STEP_TANGENTS_T, _R2)
+_BLOCK_STEP_TANGENTS_T = nb.types.NamedTuple([nb.float64[:, :, ::1], nb.float64[:, :, :, :, ::1], nb.float64[:, ::1]],
+                                             StepTangents)
+_BLOCK_TANGENTS_SIG = (_TANGENT_FIELD_T, _STORED_BLOCK_RUN_T, _BLOCK_STEP_TANGENTS_T, _R2, nb.boolean)
 
 
 @compile_on_first_use(_BLOCK_TANGENTS_SIG, **INLINE_JIT)
-def block_filter_tangents(vector_field, run, steps, rq):
+def block_filter_tangents(vector_field, run, steps, rq, local):
     """:func:`filter_tangents` for the block-diagonal and isotropic structures (:mod:`.structure`).
 
     ``run.r`` holds one ``(q + 1, q + 1)`` root per state (``(N + 1, d, q + 1, q + 1)``) or one shared root
@@ -323,7 +349,8 @@ def block_filter_tangents(vector_field, run, steps, rq):
     updated on its block with the scalar observation ``E1 − L_ii E0`` (``L_ii = ∂f_i/∂y_i`` for the EK1, 0 for
     the EK0), so the tangent of ``L_ii`` needs only the Hessian's rows ``∂²f_i/∂y_i∂(y, θ)`` (``d (d + n_θ)``
     numbers per step, ``vector_field.hess_y``/``hess_p`` = ``ODE.hess_rows_y``/``hess_rows_p``); the means stay
-    coupled through ``f``. Same returns.
+    coupled through ``f``. The local diffusion ``κ_n = Σ_i ẑ_i² / c_ii / d`` (:func:`~.structure.block_local_error`)
+    is differentiated state by state. Same returns.
     """
     ts, mus, rs, kappas, out_index = run
     p, ek1 = vector_field.theta, vector_field.ek1
@@ -353,6 +380,9 @@ def block_filter_tangents(vector_field, run, steps, rq):
     dh = np.zeros((1, q1))
     z = np.empty(1)
     dz = np.empty(1)
+    dz_all, dl_all = np.empty((d, n_dir)), np.empty((d, n_dir))  # dẑ_i and dL_ii in each direction
+    lin1, kappa_zbar, kappa_jbar, kappa_work = np.zeros((1, 1)), np.empty(1), np.empty((1, 1)), local_error_work(q, 1)
+    dkappa = np.zeros(n_dir)
     block_new = np.empty(q1)
     work = tangent_work(q1, 1)
     block_dmu, block_dsig_pred = work.dmu_pred, work.dsig_pred
@@ -368,7 +398,29 @@ def block_filter_tangents(vector_field, run, steps, rq):
             for k in range(dd):
                 dmu_pred[k, j] = pred_col[k]
         evaluate_field(vector_field, t_new, mu_pred, field)
+        for i in range(d):  # dẑ_i = E1 dμ⁻_i − J_i E0 dμ⁻ − ∂f_i/∂θ_j, dL_ii = ∂²f_i/∂y_i∂y dξ + ∂²f_i/∂y_i∂θ_j
+            for j in range(n_dir):
+                v = dmu_pred[d + i, j]
+                w = 0.0
+                for m in range(d):
+                    v -= jac[i, m] * dmu_pred[m, j]
+                    if ek1:
+                        w += hyy[i, m] * dmu_pred[m, j]
+                if j >= d:
+                    v -= jp[i, j - d]
+                    if ek1:
+                        w += hyp[i, j - d]
+                dz_all[i, j] = v
+                dl_all[i, j] = w
         kappa = kappas[n + 1]
+        dkappa[:] = 0.0
+        if local and kappa > KAPPA_FLOOR:  # dκ = Σ_i ∂(ẑ_i² / c_ii / d)/∂(ẑ_i, L_ii) · (dẑ_i, dL_ii)
+            for i in range(d):
+                lin1[0, 0] = jac[i, i] if ek1 else 0.0
+                z[0] = mu_pred[d + i] - fx[i]
+                local_kappa_adjoint(1.0 / d, step, rq, q, 1, lin1, z, kappa_work, kappa_zbar, kappa_jbar)
+                for j in range(n_dir):
+                    dkappa[j] += kappa_zbar[0] * dz_all[i, j] + kappa_jbar[0, 0] * dl_all[i, j]
         for i in range(d):
             b = i if n_blocks > 1 else 0
             matmul_tn(rs[n, b], rs[n, b], sig)
@@ -382,18 +434,9 @@ def block_filter_tangents(vector_field, run, steps, rq):
                 for k in range(q1):
                     block_dmu[k] = dmu_pred[k * d + i, j]
                 congruence(step, q, 1, dsig[j, b], transition_work, block_dsig_pred)
-                v = dmu_pred[d + i, j]
-                w = 0.0
-                for m in range(d):
-                    v -= jac[i, m] * dmu_pred[m, j]
-                    if ek1:
-                        w += hyy[i, m] * dmu_pred[m, j]
-                if j >= d:
-                    v -= jp[i, j - d]
-                    if ek1:
-                        w += hyp[i, j - d]
-                dz[0] = v
-                dh[0, 0] = -w
+                add_noise(step, rq, q, 1, dkappa[j], block_dsig_pred)
+                dz[0] = dz_all[i, j]
+                dh[0, 0] = -dl_all[i, j]
                 # (a shared isotropic block is updated once, by state 0)
                 out = new_dsig[j, b] if b == i else unused_dsig
                 dstat[j] += update_tangent(update, dh, dz, work, block_new, out)
@@ -401,7 +444,7 @@ def block_filter_tangents(vector_field, run, steps, rq):
                     new_dmu[k * d + i, j] = block_new[k]
         dmu[:, :] = new_dmu
         dsig, new_dsig = new_dsig, dsig  # every block of new_dsig was written
-        k_out = finish_step(n + 1, steps, out_index, k_out, dmu, dsig, dmean, dvar)
+        k_out = finish_step(n + 1, steps, out_index, k_out, dmu, dsig, dkappa, dmean, dvar)
     return dmean, dvar, dstat, work.rounding[0]
 
 
@@ -423,7 +466,8 @@ def smoothing_tangents(run, smoothed, steps, rq, joint):
     and ``Cov(x_n, x_m) = G Cov(x_{n+1}, x_m)`` for ``n < m``. Differentiated with the filter's tangents
     ``steps`` (:func:`filter_tangents` with every step kept): ``dG = (dΣ_n Aᵀ - G dΣ^-)(Σ^-)^{-1}`` by two
     triangular solves with the predicted root, and ``Λ`` is stationary in ``G`` (it is the minimum over
-    ``G`` of the Joseph form), so ``dΛ = B dΣ_n Bᵀ`` at a fixed diffusion.
+    ``G`` of the Joseph form), so ``dΛ = B dΣ_n Bᵀ + dκ G Q Gᵀ`` (``dΣ⁻`` gains ``dκ Q`` too; ``dκ = 0`` unless the
+    diffusion is local, ``steps.dkappa``).
 
     Returns ``(dmean, dvar, cov, dcov)``: the tangents (``(K, d, P)``) of ``E0 μ^s`` and ``diag(E0 Σ^s E0ᵀ)`` at
     the ``K`` output steps; if ``joint``, the covariance ``cov[a, :, b, :] = Cov(E0 x_a, E0 x_b)`` of the
@@ -450,6 +494,7 @@ def smoothing_tangents(run, smoothed, steps, rq, joint):
     g, b_mat, sig_s, sig_s_gt = np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd))
     a_dsig, dsig_pred, dgt, dg, prod = (np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)), np.empty((dd, dd)),
                                         np.empty((dd, dd)))
+    noise, gqg = np.empty((dd, dd)), np.empty((dd, dd))
     resid, innov, dmu_col = np.empty(dd), np.empty(dd), np.empty(dd)
     cross_new, cross_prod = np.empty((dd, d)), np.empty((dd, d))
     last = ts.shape[0] - 1
@@ -504,10 +549,21 @@ def smoothing_tangents(run, smoothed, steps, rq, joint):
         for a in range(dd):
             resid[a] = smoothed.mu[n, a] - resid[a]
         matmul(sig_s, gt, sig_s_gt)
+        dkappa = steps.dkappa[n]
+        local = False
+        for j in range(n_dir):
+            local = local or dkappa[j] != 0.0
+        if local:  # G Q Gᵀ at unit diffusion
+            noise[:, :] = 0.0
+            add_noise(step, rq, q, d, 1.0, noise)
+            matmul(g, noise, prod)
+            matmul_nt(prod, g, gqg)
         for j in range(n_dir):
             dsig_f = steps.dsig[n - 1, j]
-            # dGᵀ = (Σ⁻)⁻¹ (A dΣ_n − dΣ⁻ Gᵀ), dΣ⁻ = A dΣ_n Aᵀ (congruence leaves A dΣ_n in a_dsig)
+            # dGᵀ = (Σ⁻)⁻¹ (A dΣ_n − dΣ⁻ Gᵀ), dΣ⁻ = A dΣ_n Aᵀ + dκ Q (congruence leaves A dΣ_n in a_dsig)
             congruence(step, q, d, dsig_f, a_dsig, dsig_pred)
+            if local:
+                add_noise(step, rq, q, d, dkappa[j], dsig_pred)
             matmul(dsig_pred, gt, prod)
             for a in range(dd):
                 for c in range(dd):
@@ -527,7 +583,7 @@ def smoothing_tangents(run, smoothed, steps, rq, joint):
                 for c in range(dd):
                     v += dg[a, c] * resid[c] + g[a, c] * innov[c]
                 new_dmu[a, j] = v
-            # dΣˢ_n = B dΣ_n Bᵀ + dG Σˢ Gᵀ + (dG Σˢ Gᵀ)ᵀ + G dΣˢ_{n+1} Gᵀ
+            # dΣˢ_n = B dΣ_n Bᵀ + dκ G Q Gᵀ + dG Σˢ Gᵀ + (dG Σˢ Gᵀ)ᵀ + G dΣˢ_{n+1} Gᵀ
             out = new_dsig[j]
             matmul(b_mat, dsig_f, prod)
             matmul_nt(prod, b_mat, out)
@@ -537,6 +593,10 @@ def smoothing_tangents(run, smoothed, steps, rq, joint):
             for a in range(dd):
                 for c in range(dd):
                     out[a, c] += prod[a, c] + prod[c, a] + dgt[a, c]
+            if local:
+                for a in range(dd):
+                    for c in range(dd):
+                        out[a, c] += dkappa[j] * gqg[a, c]
             for b in range(k_out + 1, n_joint):  # dCov(x_n, ·) = dG Cov(x_{n+1}, ·) + G dCov(x_{n+1}, ·)
                 matmul(dg, cross[b], cross_new)
                 matmul(g, dcross[b, j], cross_prod)
