@@ -11,8 +11,10 @@ from pytensor.graph.basic import Constant
 
 from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.ops import CovarianceStructureOp, RecursionOp
-from pymc_pnode.chkrebtii.problem import discretisation, positive_parameter
+from pymc_pnode.chkrebtii.problem import Discretisation, discretisation, positive_parameter
+from pymc_pnode.discontinuities import split_times
 from pymc_pnode.ode import ODE, vector_tensor
+from pymc_pnode.validation import validate_discontinuities
 
 __all__ = ["ChkrebtiiSolution", "INNOVATIONS_TAG"]
 
@@ -64,6 +66,7 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     dims: Sequence[str] | None = None,
     output: str = "draw",
     jitter: float = 1e-12,
+    discontinuities: Sequence[float] | None = None,
     model: pm.Model | None = None,
 ) -> pt.TensorVariable:
     r"""Add a realisation of Chkrebtii et al.'s probabilistic ODE solution to the current model.
@@ -103,6 +106,14 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     output : {"draw", "mean"}, default "draw"
         ``"draw"``: the final joint draw of Algorithm 1. ``"mean"``: the conditional mean
         :math:`m^N(t)` given the interrogations (what the authors' JAK-STAT code feeds the likelihood).
+    discontinuities : sequence of float, optional
+        Times inside ``t_span`` where the vector field jumps in ``t`` (a switched input, an infusion started or
+        stopped). The GP prior on the derivative is smooth, so at a jump the solution is restarted: each segment
+        between jumps has its own grid (``n_grid`` shared out in proportion to the segments' lengths, at least 2
+        each) and starts from the realisation (or, with ``output="mean"``, the mean) where the previous one
+        ended, as :mod:`pymc_pnode.discontinuities` does for the ODE filters. The segments' innovations are
+        consecutive rows of ``"{name}_innovations"``. Not for a :class:`DelayODE` (its history would cross the
+        restarts).
     model : pymc.Model, optional
         Defaults to the model on the context stack.
 
@@ -129,8 +140,11 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     if output not in _OUTPUTS:
         raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
     disc = discretisation(t_span, n_grid, times, kernel, noise, jitter)
+    jumps = validate_discontinuities(discontinuities, disc.t0, disc.t1)
+    if jumps.size and isinstance(ode, DelayODE):
+        raise ValueError("discontinuities are not supported for a DelayODE (its history would cross the restarts)")
     model = pm.modelcontext(model)
-    d, k, nn, nt = ode.n_states, ode.n_theta, disc.n_grid, len(disc.times)
+    d, k = ode.n_states, ode.n_theta
     for value, nm in ((alpha, "alpha"), (lam, "lam")):
         numeric = _constant_value(value)
         if numeric is not None:
@@ -148,20 +162,45 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     cmap = tuple(range(d)) if per_component else (0,) * d
 
     draw = output == "draw"
-    n_innov = nn - 1 + (nt if draw else 0)
+    segments = _segments(disc, jumps)
+    n_innov = sum(seg.n_grid - 1 + (len(seg.times) if draw else 0) for seg, _ in segments)
     with model:
         z = pm.Normal(f"{name}_innovations", 0.0, 1.0, shape=(n_innov, d))
     setattr(z.tag, INNOVATIONS_TAG, True)
 
-    lb, ginf, gn, sd, hh, lt, w = CovarianceStructureOp(disc)(lam_t)
     idx = np.array(cmap, dtype=np.int64)
     inv_sqrt_alpha = pt.broadcast_to(1.0 / pt.sqrt(alpha_t), (d,))
-    sd_scaled = sd[idx] * inv_sqrt_alpha[:, None]
-    lt_scaled = lt[idx] * inv_sqrt_alpha[:, None, None]
-    zt = z[nn - 1 :] if draw else pt.zeros((0, d), dtype="float64")
-    u, failed = RecursionOp(ode, disc, draw, cmap)(
-        y0_t, theta_t, z[: nn - 1], zt, lb, ginf, gn, sd_scaled, hh, lt_scaled, w
-    )
+    y_start, first, parts, failed = y0_t, 0, [], 0.0
+    for seg, keep in segments:
+        lb, ginf, gn, sd, hh, lt, w = CovarianceStructureOp(seg)(lam_t)
+        sd_scaled = sd[idx] * inv_sqrt_alpha[:, None]
+        lt_scaled = lt[idx] * inv_sqrt_alpha[:, None, None]
+        n_steps, n_out = seg.n_grid - 1, (len(seg.times) if draw else 0)
+        zt = z[first + n_steps:first + n_steps + n_out] if draw else pt.zeros((0, d), dtype="float64")
+        u_seg, failed_seg = RecursionOp(ode, seg, draw, cmap)(
+            y_start, theta_t, z[first:first + n_steps], zt, lb, ginf, gn, sd_scaled, hh, lt_scaled, w
+        )
+        first += n_steps + n_out
+        y_start = u_seg[-1]  # the next segment restarts where this one ended (its last output time)
+        parts.append(u_seg if keep is None else u_seg[keep])
+        failed = failed + failed_seg
+    u = parts[0] if len(parts) == 1 else pt.concatenate(parts)
     with model:
         pm.Potential(f"{name}_diverged", pt.switch(pt.gt(failed, 0.0), -np.inf, 0.0))
         return pm.Deterministic(name, u, dims=dims)
+
+
+def _segments(disc: Discretisation, jumps: np.ndarray) -> list[tuple[Discretisation, np.ndarray | None]]:
+    """The discretisation of each segment between the ``jumps`` (``[(disc, None)]`` without any) and the rows of its
+    outputs that are asked-for times (the segment also outputs its end, where the next one starts)."""
+    if jumps.size == 0:
+        return [(disc, None)]
+    times, span = np.asarray(disc.times), disc.t1 - disc.t0
+    out = []
+    for start, end, _, at in split_times(disc.t0, disc.t1, jumps, times):
+        seg_times = np.union1d(at, [end])
+        n_grid = max(2, round((disc.n_grid - 1) * (end - start) / span) + 1)
+        seg = Discretisation(start, end, n_grid, tuple(float(x) for x in seg_times), disc.kernel, disc.noise,
+                             disc.jitter)
+        out.append((seg, np.searchsorted(seg_times, at)))
+    return out
