@@ -119,6 +119,24 @@ def test_declared_discontinuities_restore_the_convergence_order(driven_ode):
     assert errors[True, 161] < errors[False, 161] / 10
 
 
+def test_forward_sampler_restarts_as_the_layer(driven_ode):
+    """``chkrebtii_sample(..., discontinuities=...)`` is the layer at the innovations the same generator gives, drawn
+    segment by segment (steps, then outputs) in the layer's order."""
+    from tests import test_fenrir_discontinuities as chain
+
+    times = np.array([1.0, chain.ON, 3.5, 6.0, 7.5])
+    kw = dict(t_span=(0.0, 8.0), n_grid=33, times=times, alpha=10.0, lam=0.37, discontinuities=[chain.ON, chain.OFF])
+    draws, means = pn.chkrebtii_sample(driven_ode, chain.Y0, chain.THETA, size=2, rng=11, return_mean=True, **kw)
+    with pm.Model() as model:
+        u = ChkrebtiiSolution("u", driven_ode, y0=chain.Y0, theta=chain.THETA, **kw)
+    z = model["u_innovations"]
+    innovations = np.random.default_rng(11).standard_normal((2,) + z.type.shape)  # each draw's rows, in turn
+    layer = pytensor.function([z], u)
+    for b in range(2):
+        np.testing.assert_allclose(draws[b], layer(innovations[b]), rtol=1e-12, atol=1e-12)
+    assert np.abs(draws - means).max() > 0  # the draws are not the conditional means
+
+
 def test_discontinuities_are_validated(driven_ode, lv_ode):
     kw = dict(y0=[1.0, 0.0], theta=[0.7, 3.0], t_span=(0.0, 8.0), n_grid=20, alpha=10.0, lam=0.5)
     with pm.Model(), pytest.raises(ValueError, match="discontinuities"):

@@ -11,10 +11,8 @@ from pytensor.graph.basic import Constant
 
 from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.ops import CovarianceStructureOp, RecursionOp
-from pymc_pnode.chkrebtii.problem import Discretisation, discretisation, positive_parameter
-from pymc_pnode.discontinuities import split_times
+from pymc_pnode.chkrebtii.problem import discretisation, positive_parameter, segments
 from pymc_pnode.ode import ODE, vector_tensor
-from pymc_pnode.validation import validate_discontinuities
 
 __all__ = ["ChkrebtiiSolution", "INNOVATIONS_TAG"]
 
@@ -140,9 +138,7 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     if output not in _OUTPUTS:
         raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
     disc = discretisation(t_span, n_grid, times, kernel, noise, jitter)
-    jumps = validate_discontinuities(discontinuities, disc.t0, disc.t1)
-    if jumps.size and isinstance(ode, DelayODE):
-        raise ValueError("discontinuities are not supported for a DelayODE (its history would cross the restarts)")
+    pieces = segments(disc, ode, discontinuities)
     model = pm.modelcontext(model)
     d, k = ode.n_states, ode.n_theta
     for value, nm in ((alpha, "alpha"), (lam, "lam")):
@@ -162,8 +158,7 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     cmap = tuple(range(d)) if per_component else (0,) * d
 
     draw = output == "draw"
-    segments = _segments(disc, jumps)
-    n_innov = sum(seg.n_grid - 1 + (len(seg.times) if draw else 0) for seg, _ in segments)
+    n_innov = sum(seg.n_grid - 1 + (len(seg.times) if draw else 0) for seg, _ in pieces)
     with model:
         z = pm.Normal(f"{name}_innovations", 0.0, 1.0, shape=(n_innov, d))
     setattr(z.tag, INNOVATIONS_TAG, True)
@@ -171,7 +166,7 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     idx = np.array(cmap, dtype=np.int64)
     inv_sqrt_alpha = pt.broadcast_to(1.0 / pt.sqrt(alpha_t), (d,))
     y_start, first, parts, failed = y0_t, 0, [], 0.0
-    for seg, keep in segments:
+    for seg, keep in pieces:
         lb, ginf, gn, sd, hh, lt, w = CovarianceStructureOp(seg)(lam_t)
         sd_scaled = sd[idx] * inv_sqrt_alpha[:, None]
         lt_scaled = lt[idx] * inv_sqrt_alpha[:, None, None]
@@ -189,18 +184,3 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
         pm.Potential(f"{name}_diverged", pt.switch(pt.gt(failed, 0.0), -np.inf, 0.0))
         return pm.Deterministic(name, u, dims=dims)
 
-
-def _segments(disc: Discretisation, jumps: np.ndarray) -> list[tuple[Discretisation, np.ndarray | None]]:
-    """The discretisation of each segment between the ``jumps`` (``[(disc, None)]`` without any) and the rows of its
-    outputs that are asked-for times (the segment also outputs its end, where the next one starts)."""
-    if jumps.size == 0:
-        return [(disc, None)]
-    times, span = np.asarray(disc.times), disc.t1 - disc.t0
-    out = []
-    for start, end, _, at in split_times(disc.t0, disc.t1, jumps, times):
-        seg_times = np.union1d(at, [end])
-        n_grid = max(2, round((disc.n_grid - 1) * (end - start) / span) + 1)
-        seg = Discretisation(start, end, n_grid, tuple(float(x) for x in seg_times), disc.kernel, disc.noise,
-                             disc.jitter)
-        out.append((seg, np.searchsorted(seg_times, at)))
-    return out

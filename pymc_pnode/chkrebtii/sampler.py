@@ -9,7 +9,7 @@ import numpy as np
 
 from pymc_pnode._jit import readonly
 from pymc_pnode.chkrebtii.delay import DelayODE
-from pymc_pnode.chkrebtii.problem import discretisation, field_spec, positive_parameter
+from pymc_pnode.chkrebtii.problem import Discretisation, discretisation, field_spec, positive_parameter, segments
 from pymc_pnode.chkrebtii.recursion import Innovations, forward
 from pymc_pnode.chkrebtii.structure import Weights, covariance_structure
 from pymc_pnode.ode import ODE
@@ -33,6 +33,7 @@ def chkrebtii_sample(
     rng: int | np.random.Generator | None = None,
     return_mean: bool = False,
     jitter: float = 1e-12,
+    discontinuities: Sequence[float] | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     r"""Draw realisations of the probabilistic solution of an ODE / delay equation (Algorithm 1).
 
@@ -82,6 +83,10 @@ def chkrebtii_sample(
     jitter : float, default 1e-12
         Relative floor of the innovation variances (``g_n >= jitter C_t^0(s_n, s_n)``) and relative
         nugget of the final joint draw (``jitter * max C^0(t, t)``).
+    discontinuities : sequence of float, optional
+        Times inside ``t_span`` where the vector field jumps in ``t``: each realisation restarts there from its
+        own value, on a grid of its own per segment (as :func:`~pymc_pnode.ChkrebtiiSolution`; the innovations of
+        a segment are drawn after those of the previous one, in the layer's order). Not for a :class:`DelayODE`.
 
     Returns
     -------
@@ -103,29 +108,29 @@ def chkrebtii_sample(
     if isinstance(size, bool) or int(size) != size or size < 1:
         raise ValueError(f"size must be a positive integer, got {size!r}")
     rng = np.random.default_rng(rng)
-    grid = disc.grid
-    spec = field_spec(ode, grid)
-    st = covariance_structure(disc, lam)
-    cmap = np.zeros(d, np.int64) if lam.size == 1 else np.arange(d, dtype=np.int64)
-    scale = np.broadcast_to(1.0 / np.sqrt(alpha), (d,))
-    # Per-state step-ahead and final standard deviations scale as alpha^{-1/2} (Chkrebtii et al., 2016, Alg. 1).
-    weights = Weights(*(readonly(a) for a in st.weights._replace(sd=st.weights.sd[cmap] * scale[:, None],
-                                                                  lt=st.weights.lt[cmap] * scale[:, None, None])))
-    setting = spec.setting(st.w, cmap, grid, True)
+    pieces = [(seg, keep, *_recursion_arguments(ode, seg, alpha, lam)) for seg, keep in segments(disc, ode,
+                                                                                                 discontinuities)]
     nt = len(disc.times)
     draws = np.empty((int(size), nt, d))
     means = np.empty((int(size), nt, d))
     failed = 0
     for b in range(int(size)):
-        z = rng.standard_normal((disc.n_grid - 1, d))
-        zt = rng.standard_normal((nt, d))
-        innovations = Innovations(readonly(y0), readonly(theta), readonly(z), readonly(zt))
-        out, outm, _, _, _, status = forward.entry_point(*spec.functions, setting, weights, innovations)
+        y_start, parts = y0, []
+        for seg, keep, spec, setting, weights in pieces:
+            z = rng.standard_normal((seg.n_grid - 1, d))
+            zt = rng.standard_normal((len(seg.times), d))
+            innovations = Innovations(readonly(y_start), readonly(theta), readonly(z), readonly(zt))
+            out, outm, _, _, _, status = forward.entry_point(*spec.functions, setting, weights, innovations)
+            if status != 0:
+                break
+            y_start = out[-1].copy()  # the next segment restarts from this realisation where it ended
+            parts.append((out, outm) if keep is None else (out[keep], outm[keep]))
         if status != 0:
             failed += 1
-            out = outm = np.full((nt, d), np.nan)
-        draws[b] = out
-        means[b] = outm
+            draws[b] = means[b] = np.nan
+            continue
+        draws[b] = np.concatenate([out for out, _ in parts])
+        means[b] = np.concatenate([outm for _, outm in parts])
     if failed:
         warnings.warn(
             f"{failed} of {size} realisations diverged (non-finite values) and are NaN; refine the "
@@ -135,6 +140,20 @@ def chkrebtii_sample(
             stacklevel=2,
         )
     return (draws, means) if return_mean else draws
+
+
+def _recursion_arguments(ode, disc: Discretisation, alpha: np.ndarray, lam: np.ndarray) -> tuple:
+    """``(field spec, setting, weights)`` of the forward recursion on ``disc`` (validated ``alpha``, ``lam``)."""
+    d = ode.n_states
+    grid = disc.grid
+    spec = field_spec(ode, grid)
+    st = covariance_structure(disc, lam)
+    cmap = np.zeros(d, np.int64) if lam.size == 1 else np.arange(d, dtype=np.int64)
+    scale = np.broadcast_to(1.0 / np.sqrt(alpha), (d,))
+    # Per-state step-ahead and final standard deviations scale as alpha^{-1/2} (Chkrebtii et al., 2016, Alg. 1).
+    weights = Weights(*(readonly(a) for a in st.weights._replace(sd=st.weights.sd[cmap] * scale[:, None],
+                                                                  lt=st.weights.lt[cmap] * scale[:, None, None])))
+    return spec, spec.setting(st.w, cmap, grid, True), weights
 
 
 def chkrebtii_covariance(
