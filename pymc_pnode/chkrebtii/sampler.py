@@ -129,8 +129,8 @@ def chkrebtii_sample(
             failed += 1
             draws[b] = means[b] = np.nan
             continue
-        draws[b] = np.concatenate([out for out, _ in parts])
-        means[b] = np.concatenate([outm for _, outm in parts])
+        for k, store in enumerate((draws, means)):
+            store[b] = parts[0][k] if len(parts) == 1 else np.concatenate([part[k] for part in parts])
     if failed:
         warnings.warn(
             f"{failed} of {size} realisations diverged (non-finite values) and are NaN; refine the "
