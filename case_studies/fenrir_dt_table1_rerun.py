@@ -15,9 +15,9 @@ Markdown (saved in ``results/fenrir_dt_table1_rerun.md``).
 from __future__ import annotations
 
 import argparse
-import io
-import json
+import os
 import subprocess
+import tempfile
 import warnings
 
 import fenrir_dt_table1 as study
@@ -28,13 +28,14 @@ RERUN_METHODS = ("FENRIR", "FENRIR-IP", "OURS+", "OURS+-IP")
 
 
 def earlier_rows(commit: str) -> pd.DataFrame:
+    """The results file as it was at ``commit`` (read by the study's own loader)."""
     text = subprocess.run(["git", "show", f"{commit}:case_studies/fenrir_dt_table1_results.csv"], check=True,
                           capture_output=True, text=True).stdout
-    path = io.StringIO(text)
-    df = pd.read_csv(path, keep_default_na=True, dtype={"error": object})
-    for col in ("theta0", "theta"):
-        df[col] = df[col].map(lambda s: np.array(json.loads(s), float))
-    return df
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "results.csv")
+        with open(path, "w") as f:
+            f.write(text)
+        return study.load_results(path)
 
 
 def main() -> None:

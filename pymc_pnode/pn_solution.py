@@ -37,7 +37,14 @@ from pymc_pnode.filtering.tangents import (
 )
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import ODEFilter, solve_diffusion_mode, solve_without_warnings, validate_filter, validate_ode
+from pymc_pnode.solve import (
+    DIFFUSION_ARGUMENTS,
+    ODEFilter,
+    solve_diffusion_mode,
+    solve_without_warnings,
+    validate_filter,
+    validate_ode,
+)
 from pymc_pnode.validation import validate_discontinuities, validate_times
 
 __all__ = ["PNSolutionProblem", "probabilistic_solution"]
@@ -324,8 +331,6 @@ def probabilistic_solution(
     times = validate_times(times, "times", start=ode.t0)
     if times[-1] <= ode.t0:
         raise ValueError(f"times must reach beyond the ODE's t0={ode.t0}")
-    if isinstance(diffusion, (bool, np.bool_)) or not (diffusion is None or isinstance(diffusion, (str, int, float))):
-        raise ValueError(f"diffusion must be 'local', 'calibrated', a positive number or None, got {diffusion!r}")
     mode, kappa = solve_diffusion_mode(diffusion, step is None)  # ValueErrors that name diffusion
     for flag, value in (("smooth", smooth), ("joint_cov", joint_cov)):
         if not isinstance(value, (bool, np.bool_)):
@@ -337,7 +342,7 @@ def probabilistic_solution(
         raise ValueError(f"step must not exceed the time span times[-1] - t0 = {times[-1] - ode.t0!r}, got {step!r}")
     disc = validate_discontinuities(discontinuities, ode.t0, float(times[-1]))
     settings = dict(solver=solver, rtol=control.rtol, atol=control.atol, max_steps=int(control.max_steps),
-                    diffusion={DIFFUSION_LOCAL: "local", DIFFUSION_GLOBAL: "calibrated"}.get(mode, kappa),
+                    diffusion=DIFFUSION_ARGUMENTS.get(mode, kappa),
                     smooth=bool(smooth), joint_cov=bool(joint_cov))
     y_start, theta_t = ode.y0_tensor(y0), ode.theta_tensor(theta)
     means, stds, covs, log_ok = [], [], [], None

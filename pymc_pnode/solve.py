@@ -145,17 +145,22 @@ _DIFFUSIONS = {
 }
 
 
+# The ``diffusion`` argument of :func:`solve` that selects each calibrated mode (for callers that hold a mode).
+DIFFUSION_ARGUMENTS = {DIFFUSION_LOCAL: "local", DIFFUSION_GLOBAL: "calibrated"}
+
+
 def solve_diffusion_mode(diffusion, adaptive: bool) -> tuple[int, float]:
     """``(mode, κ)`` of ``pn.solve``'s ``diffusion``; ``None`` is local with adaptive steps, global with a fixed one."""
     if diffusion is None:
         return (DIFFUSION_LOCAL if adaptive else DIFFUSION_GLOBAL), 1.0
-    if isinstance(diffusion, str):
-        if diffusion not in _DIFFUSIONS:
-            raise ValueError(
-                f"diffusion must be a positive number or one of {sorted(_DIFFUSIONS)}, got {diffusion!r}"
-            )
+    if isinstance(diffusion, str) and diffusion in _DIFFUSIONS:
         return _DIFFUSIONS[diffusion], 1.0
-    value = float(diffusion)
+    try:  # a number; not a flag, a name we do not know or an object that is no number
+        value = None if isinstance(diffusion, (str, bool, np.bool_)) else float(diffusion)
+    except (TypeError, ValueError):
+        value = None
+    if value is None:
+        raise ValueError(f"diffusion must be a positive number or one of {sorted(_DIFFUSIONS)}, got {diffusion!r}")
     if not (value > 0.0 and math.isfinite(value)):
         raise ValueError(f"diffusion must be positive and finite, got {diffusion!r}")
     return DIFFUSION_FIXED, value

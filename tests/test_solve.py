@@ -431,6 +431,8 @@ def test_fixed_step_failure_criterion_semantics():
         (dict(save_at=["a"]), "save_at must be numeric"),
         (dict(diffusion=-1.0), "diffusion"),
         (dict(diffusion="bogus"), "diffusion"),
+        (dict(diffusion=True), "diffusion"),  # a flag is no diffusion (it used to pass as 1.0)
+        (dict(diffusion=[0.5]), "diffusion"),
         (dict(rtol=0.0), "rtol"),
     ],
 )

@@ -269,7 +269,7 @@ def filter_tangents(vector_field, run, steps, rq, local):
     dh = np.zeros((d, dd))
     work = tangent_work(dd, d)
     dmu_pred, dsig_pred = work.dmu_pred, work.dsig_pred
-    lin = np.zeros((d, d))  # L of the local diffusion's H = E1 − L E0 (zero for the EK0)
+    lin = jac if ek1 else np.zeros((d, d))  # L of the local diffusion's H = E1 − L E0 (zero for the EK0)
     kappa_zbar, kappa_jbar, kappa_work = np.empty(d), np.empty((d, d)), local_error_work(q, d)
     dkappa = np.zeros(n_dir)
     k_out = record_initial_outputs(out_index, dmu, d, dmean)
@@ -292,8 +292,6 @@ def filter_tangents(vector_field, run, steps, rq, local):
         update = linearised_update(sig_pred, h_mat, z)
         varies = local and kappas[n + 1] > KAPPA_FLOOR  # (a floored κ is a constant)
         if varies:
-            if ek1:
-                lin[:, :] = jac
             local_kappa_adjoint(1.0, step, rq, q, d, lin, z, kappa_work, kappa_zbar, kappa_jbar)
         dkappa[:] = 0.0
         for j in range(n_dir):

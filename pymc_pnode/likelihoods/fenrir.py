@@ -29,7 +29,7 @@ from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DI
 from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS, Stepping
 from pymc_pnode.filtering.structure import DENSE, STRUCTURES, initial_root
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import ODEFilter, fixed_grid, solve, validate_filter, validate_ode
+from pymc_pnode.solve import DIFFUSION_ARGUMENTS, ODEFilter, fixed_grid, solve, validate_filter, validate_ode
 from pymc_pnode.validation import (
     as_float_array,
     as_positive_float,
@@ -457,7 +457,6 @@ def _validate_positive_constant(value, name: str):
 
 
 _CALIBRATIONS = {None: DIFFUSION_LOCAL, "local": DIFFUSION_LOCAL, "global": DIFFUSION_GLOBAL}
-_SOLVE_DIFFUSION = {DIFFUSION_LOCAL: "local", DIFFUSION_GLOBAL: "calibrated"}
 
 
 def diffusion_mode(diffusion) -> int:
@@ -617,7 +616,7 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, rng, size)
     step = None if control.adaptive else min(control.step, span)
     sol = solve(ode, y0, theta, (ode.t0, problem.t_end), solver=problem.solver, step=step,
                 rtol=control.rtol, atol=control.atol, max_steps=control.max_steps, save_at=problem.times,
-                diffusion=_SOLVE_DIFFUSION.get(problem.diffusion_mode, float(kappa)),
+                diffusion=DIFFUSION_ARGUMENTS.get(problem.diffusion_mode, float(kappa)),
                 discontinuities=problem.discontinuities)
     if not sol.success:
         return np.full(batch + (m,), np.nan)
