@@ -5,11 +5,13 @@ a, b, c ~ LogNormal(log(0.5, 0.5, 2), 1), y0 ~ N(0, 2²), σ ~ HalfNormal(0.5)),
 ``pn.Fenrir`` at its defaults (error control at rtol 1e-4, calibrated diffusion) instead of the notebook's
 fixed step 0.05 and diffusion 1. Every chain starts at the MAP, found as in the notebook: diffusion tempering of
 the fixed-step model on the first half of the data from a poor start, then ``pn.fit`` of the defaults model.
-Then 4 chains × (1000 tune + 1000 draws), target_accept 0.95, on 2 cores, with ``pm.sample`` (``cores=2``, dense
+Then 4 chains × (1000 tune + 1000 draws), target_accept 0.95 (``--tune``, ``--target-accept`` change them), on 2
+cores, with ``pm.sample`` (``cores=2``, dense
 mass matrix as in the notebook) and with nutpie (diagonal mass matrix, its default). Wall times exclude
 compilation (the Fenrir kernel is compiled before; nutpie's model compilation is timed separately).
 
-Run: ``python benchmarks/fenrir_fhn_nuts_defaults.py [--samplers pymc nutpie]``; prints a Markdown table for
+Run: ``python benchmarks/fenrir_fhn_nuts_defaults.py [--samplers pymc nutpie] [--tune 500] [--target-accept 0.9]``;
+prints a Markdown table for
 ``docs/benchmarks.md``.
 """
 
@@ -70,6 +72,8 @@ def summarise(label: str, idata, wall: float, compile_s: float) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samplers", nargs="+", choices=["pymc", "nutpie"], default=["pymc", "nutpie"])
+    parser.add_argument("--tune", type=int, default=TUNE)
+    parser.add_argument("--target-accept", type=float, default=0.95)
     args = parser.parse_args()
     print(f"Machine: {platform.machine()}, {os.cpu_count()} cores; Python {platform.python_version()}, "
           f"pymc {pm.__version__}, pytensor {pytensor.__version__}, "
@@ -86,10 +90,11 @@ def main():
     if "pymc" in args.samplers:
         with model:
             t0 = time.perf_counter()
-            idata = pm.sample(draws=DRAWS, tune=TUNE, chains=CHAINS, cores=2, init="adapt_full", initvals=start,
-                              target_accept=0.95, random_seed=2024, progressbar=False,
+            idata = pm.sample(draws=DRAWS, tune=args.tune, chains=CHAINS, cores=2, init="adapt_full", initvals=start,
+                              target_accept=args.target_accept, random_seed=2024, progressbar=False,
                               compute_convergence_checks=False)
-        rows.append(summarise("pm.sample (cores=2, adapt_full)", idata, time.perf_counter() - t0, 0.0))
+        label = f"pm.sample (cores=2, adapt_full), tune {args.tune}, target_accept {args.target_accept}"
+        rows.append(summarise(label, idata, time.perf_counter() - t0, 0.0))
         print(rows[-1], flush=True)
     if "nutpie" not in args.samplers:
         print("\n".join(rows))
@@ -103,9 +108,10 @@ def main():
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     # low-rank-modified mass matrix: nutpie's analogue of pm.sample's adapt_full, for the curved (b, c) ridge
-    idata = nutpie.sample(compiled, draws=DRAWS, tune=TUNE, chains=CHAINS, cores=2, seed=2024,
-                          target_accept=0.95, progress_bar=False, low_rank_modified_mass_matrix=True)
-    rows.append(summarise("nutpie (4 chains in threads, low-rank mass matrix)", idata, time.perf_counter() - t0,
+    idata = nutpie.sample(compiled, draws=DRAWS, tune=args.tune, chains=CHAINS, cores=2, seed=2024,
+                          target_accept=args.target_accept, progress_bar=False, low_rank_modified_mass_matrix=True)
+    rows.append(summarise(f"nutpie (4 chains in threads, low-rank mass matrix), tune {args.tune}, "
+                          f"target_accept {args.target_accept}", idata, time.perf_counter() - t0,
                           compile_s))
     print("\n".join(rows))
 

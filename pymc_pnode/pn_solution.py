@@ -25,7 +25,7 @@ from pytensor.tensor.linalg import block_diag
 from pymc_pnode._jit import readonly, register_numba
 from pymc_pnode.accuracy import RESCALE, SolverDiagnostics, needs_rounding_check, reproducible
 from pymc_pnode.differential_equation import flag_failed_solve
-from pymc_pnode.discontinuities import split_times
+from pymc_pnode.discontinuities import declared_restarts, split_times
 from pymc_pnode.filtering.odefilter import DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.structure import STRUCTURES
 from pymc_pnode.filtering.tangents import (
@@ -45,7 +45,7 @@ from pymc_pnode.solve import (
     validate_filter,
     validate_ode,
 )
-from pymc_pnode.validation import validate_discontinuities, validate_times
+from pymc_pnode.validation import validate_times
 
 __all__ = ["PNSolutionProblem", "probabilistic_solution"]
 
@@ -252,6 +252,7 @@ def probabilistic_solution(
     smooth: bool = False,
     joint_cov: bool = False,
     discontinuities=None,
+    jumps=None,
     name: str = "pn_solution",
 ) -> tuple[pt.TensorVariable, ...]:
     r"""The ODE filter's mean and standard deviation of ``y(t)`` at ``times`` (and their covariance across
@@ -314,6 +315,11 @@ def probabilistic_solution(
         carried over (it is of the order of the tolerance under error control). The gradients run through the
         restarts. Without it an error-controlled solve stops at an undeclared jump (the likelihood is ``-inf``
         with a warning that names the time).
+    jumps : array_like or TensorVariable, shape (len(discontinuities), n_states), optional
+        Jumps of the state at the ``discontinuities`` (a bolus dose; may be random): each segment after the first
+        starts from the mean where the previous one ended plus its row, ``y(t_j⁺) = y(t_j⁻) + jumps[j]``, as in
+        :func:`pymc_pnode.solve`; the gradients include ``jumps``. An output at a jump time is the state just
+        before the jump.
     name : str
         Prefix of the potential that flags failed solves inside a model (``"<name>_failed"``: ``-inf``
         when the solve fails, 0 otherwise); outside a model a failed solve gives NaN.
@@ -340,13 +346,13 @@ def probabilistic_solution(
     control = StepControl(step, rtol, atol, max_steps)  # validates them now, naming the argument
     if step is not None and step > times[-1] - ode.t0:
         raise ValueError(f"step must not exceed the time span times[-1] - t0 = {times[-1] - ode.t0!r}, got {step!r}")
-    disc = validate_discontinuities(discontinuities, ode.t0, float(times[-1]))
+    disc, jumps = declared_restarts(discontinuities, jumps, ode.t0, float(times[-1]), ode.n_states)
     settings = dict(solver=solver, rtol=control.rtol, atol=control.atol, max_steps=int(control.max_steps),
                     diffusion=DIFFUSION_ARGUMENTS.get(mode, kappa),
                     smooth=bool(smooth), joint_cov=bool(joint_cov))
     y_start, theta_t = ode.y0_tensor(y0), ode.theta_tensor(theta)
     means, stds, covs, log_ok = [], [], [], None
-    for start, end, _, at in split_times(ode.t0, float(times[-1]), disc, times):
+    for s, (start, end, _, at) in enumerate(split_times(ode.t0, float(times[-1]), disc, times)):
         # each segment solves to its end (the next starts from the mean there) and reports its own output times
         seg_times = np.union1d(at, [end])
         seg_step = None if control.step is None else min(control.step, end - start)
@@ -354,7 +360,7 @@ def probabilistic_solution(
                                     **settings)
         seg_mean, seg_std, seg_cov, *_, seg_ok = PNSolutionOp(problem)(y_start, theta_t)
         log_ok = seg_ok if log_ok is None else log_ok + seg_ok
-        y_start = seg_mean[-1]
+        y_start = seg_mean[-1] if jumps is None or s >= disc.size else seg_mean[-1] + jumps[s]
         keep = np.searchsorted(seg_times, at)
         if keep.size < seg_times.size:  # the segment's end is not an output time
             rows = (keep[:, None] * ode.n_states + np.arange(ode.n_states)).ravel()

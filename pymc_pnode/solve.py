@@ -13,7 +13,7 @@ import numpy as np
 
 from pymc_pnode._jit import readonly
 from pymc_pnode.accuracy import AccuracyWarning, suggested_step
-from pymc_pnode.discontinuities import segment_of, split_times
+from pymc_pnode.discontinuities import declared_restarts, segment_of, split_times
 from pymc_pnode.filtering.calibration import global_kappa
 from pymc_pnode.filtering.odefilter import (
     DIFFUSION_FIXED,
@@ -41,7 +41,6 @@ from pymc_pnode.ode import ODE
 from pymc_pnode.priors import IWP
 from pymc_pnode.validation import (
     as_positive_int,
-    validate_discontinuities,
     validate_step,
     validate_t_span,
     validate_times,
@@ -401,8 +400,9 @@ class PiecewiseSolution:
     """An ODE filter's solution restarted at declared jumps of the vector field in ``t``
     (:mod:`pymc_pnode.discontinuities`): one :class:`ProbabilisticSolution` per segment.
 
-    Each segment starts from the mean where the previous one ended, with zero covariance, so the segments are
-    independent: samples are joint within a segment, and :meth:`joint_cov` is block-diagonal over the segments.
+    Each segment starts from the mean where the previous one ended (plus the state's declared jump there, if any),
+    with zero covariance, so the segments are independent: samples are joint within a segment, and
+    :meth:`joint_cov` is block-diagonal over the segments.
 
     Attributes
     ----------
@@ -500,8 +500,10 @@ class PiecewiseSolution:
 
 
 def _solve_piecewise(ode: ODE, y0: np.ndarray, theta: np.ndarray, t_span: tuple[float, float],
-                     discontinuities: np.ndarray, save_at: np.ndarray | None, options: dict) -> PiecewiseSolution:
-    """:func:`solve` segment by segment between the ``discontinuities``, each from the mean where the last ended."""
+                     discontinuities: np.ndarray, jumps: np.ndarray | None, save_at: np.ndarray | None,
+                     options: dict) -> PiecewiseSolution:
+    """:func:`solve` segment by segment between the ``discontinuities``, each from the mean where the last ended
+    plus the state's jump there (row ``s`` of ``jumps`` before segment ``s + 1``; none without ``jumps``)."""
     pieces, times, y_start = [], [], y0
     bounds = split_times(*t_span, discontinuities, np.empty(0) if save_at is None else save_at)
     for s, (start, end, rows, at) in enumerate(bounds):
@@ -519,7 +521,7 @@ def _solve_piecewise(ode: ODE, y0: np.ndarray, theta: np.ndarray, t_span: tuple[
         pieces.append((sol, outputs))
         if not sol.success:
             break
-        y_start = np.asarray(sol.mean[-1])
+        y_start = np.asarray(sol.mean[-1]) + (0.0 if jumps is None or s >= len(jumps) else jumps[s])
     return PiecewiseSolution(ode, options["solver"], discontinuities, np.concatenate(times), pieces,
                              len(pieces) == len(bounds))
 
@@ -539,6 +541,7 @@ def solve(
     smooth: bool = True,
     max_steps: int = 100_000,
     discontinuities=None,
+    jumps=None,
 ) -> ProbabilisticSolution | PiecewiseSolution:
     """Solve an ODE initial value problem with a square-root ODE filter.
 
@@ -579,6 +582,11 @@ def solve(
         before each and restarts just after it from the mean solution there (:mod:`pymc_pnode.discontinuities`);
         the result is then a :class:`PiecewiseSolution`. Without them an adaptive solve stops at such a jump
         (``STATUS_JUMP_IN_T``). Times outside ``(t0, t1)`` are ignored.
+    jumps : array_like, shape (len(discontinuities), n_states), optional
+        Jumps of the state at the ``discontinuities`` (a bolus dose, a harvest): row ``j`` is added to the mean
+        where the segment before ``discontinuities[j]`` ended, ``y(t_j⁺) = y(t_j⁻) + jumps[j]``; a state that does
+        not jump has a zero column. The times must then be strictly increasing and after ``t0``; an output at a
+        jump time is the state just before the jump (:func:`pymc_pnode.discontinuities.declared_restarts`).
 
     Returns
     -------
@@ -602,7 +610,7 @@ def solve(
     """
     sol = solve_without_warnings(ode, y0, theta, t_span, solver=solver, step=step, rtol=rtol, atol=atol,
                                  save_at=save_at, diffusion=diffusion, smooth=smooth, max_steps=max_steps,
-                                 discontinuities=discontinuities)
+                                 discontinuities=discontinuities, jumps=jumps)
     suggestion = None if step is None else suggested_step(step, sol.stats["max_error"], sol.solver.order)
     if suggestion is not None and sol.success:
         warnings.warn(
@@ -615,7 +623,7 @@ def solve(
 
 def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | None, step: float | None, rtol: float,
                            atol: float, diffusion: str | float | None, smooth: bool, max_steps: int, save_at=None,
-                           discontinuities=None) -> ProbabilisticSolution | PiecewiseSolution:
+                           discontinuities=None, jumps=None) -> ProbabilisticSolution | PiecewiseSolution:
     """:func:`solve` without its fixed-step warning (for callers that count and report accuracy themselves); the
     settings without defaults, which are :func:`solve`'s."""
     ode = validate_ode(ode)
@@ -634,11 +642,11 @@ def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | N
     if save_at is not None:
         save = validate_times(save_at, "save_at", span=(t0, t1))
         stops = np.union1d(stops, save)
-    disc = validate_discontinuities(discontinuities, t0, t1)
+    disc, jumps = declared_restarts(discontinuities, jumps, t0, t1, ode.n_states, symbolic=False)
     if disc.size:
         options = dict(solver=solver, step=step, rtol=rtol, atol=atol, diffusion=diffusion, smooth=smooth,
                        max_steps=max_steps)
-        return _solve_piecewise(ode, y0, theta, (t0, t1), disc, None if save_at is None else save, options)
+        return _solve_piecewise(ode, y0, theta, (t0, t1), disc, jumps, None if save_at is None else save, options)
     grid = fixed_grid(stops, step) if not adaptive else stops
 
     q, d = solver.order, ode.n_states

@@ -55,6 +55,7 @@ def posterior_trajectories(
     rng=None,
     progressbar: bool = True,
     discontinuities=None,
+    jumps=None,
 ) -> xr.Dataset:
     """PN mean and standard deviation of the state on a fine grid, one solve per posterior draw.
 
@@ -83,6 +84,10 @@ def posterior_trajectories(
     progressbar : bool
     discontinuities : array_like, optional
         Times at which the vector field jumps in ``t``, as in :func:`~pymc_pnode.solve`.
+    jumps : str or array_like, optional
+        The state's jumps at the ``discontinuities`` (shape ``(len(discontinuities), n_states)``, as in
+        :func:`~pymc_pnode.solve`): numbers, or the name of a posterior variable with that many entries per draw
+        (a random dose).
 
     Returns
     -------
@@ -101,6 +106,11 @@ def posterior_trajectories(
         kappas = _draws(post, diffusion, "diffusion", (), n_total)[pick]
     else:
         kappas = [diffusion] * pick.size
+    jump_draws = [None] * pick.size
+    if jumps is not None:
+        if discontinuities is None:
+            raise ValueError("jumps needs discontinuities=[...]: the times at which the state jumps")
+        jump_draws = _draws(post, jumps, "jumps", (np.atleast_1d(discontinuities).size, ode.n_states), n_total)[pick]
     times = np.linspace(*t_span, n_points) if times is None else np.asarray(times, dtype=float)
     solver = validate_filter(solver, STRUCTURES, "posterior_trajectories")
     mean = np.full((pick.size, times.size, ode.n_states), np.nan)
@@ -109,7 +119,7 @@ def posterior_trajectories(
     for i in tqdm(range(pick.size), desc="PN trajectories", disable=not progressbar):
         sol = solve(ode, y0s[i], thetas[i], t_span, solver=solver, step=step, save_at=times,
                     diffusion=kappas[i] if not isinstance(kappas[i], np.ndarray) else float(kappas[i]),
-                    discontinuities=discontinuities)
+                    discontinuities=discontinuities, jumps=jump_draws[i])
         ok[i] = sol.success
         if sol.success:
             mean[i], std[i] = sol.mean, sol.std

@@ -65,6 +65,7 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     output: str = "draw",
     jitter: float = 1e-12,
     discontinuities: Sequence[float] | None = None,
+    jumps=None,
     model: pm.Model | None = None,
 ) -> pt.TensorVariable:
     r"""Add a realisation of Chkrebtii et al.'s probabilistic ODE solution to the current model.
@@ -112,6 +113,9 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
         ended, as :mod:`pymc_pnode.discontinuities` does for the ODE filters. The segments' innovations are
         consecutive rows of ``"{name}_innovations"``. Not for a :class:`DelayODE` (its history would cross the
         restarts).
+    jumps : array_like or tensor, shape (len(discontinuities), n_states), optional
+        Jumps of the state at the ``discontinuities`` (a bolus dose; may be random): each restart adds its row to
+        the realisation where the previous segment ended, as :func:`pymc_pnode.solve` does to its mean.
     model : pymc.Model, optional
         Defaults to the model on the context stack.
 
@@ -138,7 +142,7 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     if output not in _OUTPUTS:
         raise ValueError(f"output must be one of {_OUTPUTS}, got {output!r}")
     disc = discretisation(t_span, n_grid, times, kernel, noise, jitter)
-    pieces = segments(disc, ode, discontinuities)
+    pieces, jumps = segments(disc, ode, discontinuities, jumps)
     model = pm.modelcontext(model)
     d, k = ode.n_states, ode.n_theta
     for value, nm in ((alpha, "alpha"), (lam, "lam")):
@@ -166,7 +170,7 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
     idx = np.array(cmap, dtype=np.int64)
     inv_sqrt_alpha = pt.broadcast_to(1.0 / pt.sqrt(alpha_t), (d,))
     y_start, first, parts, failed = y0_t, 0, [], 0.0
-    for seg, keep in pieces:
+    for s, (seg, keep) in enumerate(pieces):
         lb, ginf, gn, sd, hh, lt, w = CovarianceStructureOp(seg)(lam_t)
         sd_scaled = sd[idx] * inv_sqrt_alpha[:, None]
         lt_scaled = lt[idx] * inv_sqrt_alpha[:, None, None]
@@ -177,6 +181,8 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
         )
         first += n_steps + n_out
         y_start = u_seg[-1]  # the next segment restarts where this one ended (its last output time)
+        if jumps is not None and s < len(pieces) - 1:
+            y_start = y_start + jumps[s]
         parts.append(u_seg if keep is None else u_seg[keep])
         failed = failed + failed_seg
     u = parts[0] if len(parts) == 1 else pt.concatenate(parts)

@@ -12,9 +12,9 @@ from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.kernels import kernel_code
 from pymc_pnode.chkrebtii.recursion import LAG_CONSTANT, LAG_FUNCTION, LAG_NONE, Setting
 from pymc_pnode.chkrebtii.structure import noise_code
-from pymc_pnode.discontinuities import split_times
+from pymc_pnode.discontinuities import declared_restarts, split_times
 from pymc_pnode.ode import ODE
-from pymc_pnode.validation import validate_discontinuities, validate_t_span, validate_times
+from pymc_pnode.validation import validate_t_span, validate_times
 
 __all__ = ["Discretisation", "FieldSpec", "discretisation", "field_spec", "positive_parameter", "segments"]
 
@@ -90,25 +90,27 @@ def discretisation(t_span, n_grid, times, kernel: str, noise: str, jitter: float
     return Discretisation(t0, t1, n_grid, tuple(float(x) for x in arr), kernel, noise, jitter)
 
 
-def segments(disc: Discretisation, ode, discontinuities) -> list[tuple[Discretisation, np.ndarray | None]]:
+def segments(disc: Discretisation, ode, discontinuities, jumps=None, symbolic: bool = True) -> tuple[list, object]:
     """The problem split at declared jumps of the vector field in ``t`` (``discontinuities``, validated here): per
     segment its :class:`Discretisation` and the rows of its outputs that are ``disc.times`` (``[(disc, None)]``
-    without jumps). Each segment has its own equally spaced grid (``disc.n_grid - 1`` steps shared out in
-    proportion to the lengths, at least one each) and also outputs its end, where the next one restarts; the
-    segments' bounds and the times at a jump are those of the ODE filters (:mod:`pymc_pnode.discontinuities`)."""
-    jumps = validate_discontinuities(discontinuities, disc.t0, disc.t1)
-    if jumps.size == 0:
-        return [(disc, None)]
+    without jumps); and the state's jumps at the restarts (``None``, an array, or with ``symbolic`` a tensor;
+    :func:`~pymc_pnode.discontinuities.declared_restarts`). Each segment has its own equally spaced grid
+    (``disc.n_grid - 1`` steps shared out in proportion to the lengths, at least one each) and also outputs its end,
+    where the next one restarts; the segments' bounds and the times at a jump are those of the ODE filters
+    (:mod:`pymc_pnode.discontinuities`)."""
+    times, jumps = declared_restarts(discontinuities, jumps, disc.t0, disc.t1, ode.n_states, symbolic)
+    if times.size == 0:
+        return [(disc, None)], None
     if isinstance(ode, DelayODE):
         raise ValueError("discontinuities are not supported for a DelayODE (its history would cross the restarts)")
     out = []
-    for start, end, _, at in split_times(disc.t0, disc.t1, jumps, disc.times_array):
+    for start, end, _, at in split_times(disc.t0, disc.t1, times, disc.times_array):
         seg_times = np.union1d(at, [end])
         n_grid = max(2, round((disc.n_grid - 1) * (end - start) / disc.span) + 1)
         seg = Discretisation(start, end, n_grid, tuple(float(x) for x in seg_times), disc.kernel, disc.noise,
                              disc.jitter)
         out.append((seg, np.searchsorted(seg_times, at)))
-    return out
+    return out, jumps
 
 
 def positive_parameter(value, name: str, n_states: int) -> np.ndarray:

@@ -34,6 +34,7 @@ def chkrebtii_sample(
     return_mean: bool = False,
     jitter: float = 1e-12,
     discontinuities: Sequence[float] | None = None,
+    jumps=None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     r"""Draw realisations of the probabilistic solution of an ODE / delay equation (Algorithm 1).
 
@@ -87,6 +88,9 @@ def chkrebtii_sample(
         Times inside ``t_span`` where the vector field jumps in ``t``: each realisation restarts there from its
         own value, on a grid of its own per segment (as :func:`~pymc_pnode.ChkrebtiiSolution`; the innovations of
         a segment are drawn after those of the previous one, in the layer's order). Not for a :class:`DelayODE`.
+    jumps : array_like, shape (len(discontinuities), n_states), optional
+        Jumps of the state at the ``discontinuities`` (a bolus dose): each restart adds its row to the realisation
+        where the previous segment ended (:func:`pymc_pnode.solve` has the same argument).
 
     Returns
     -------
@@ -108,15 +112,15 @@ def chkrebtii_sample(
     if isinstance(size, bool) or int(size) != size or size < 1:
         raise ValueError(f"size must be a positive integer, got {size!r}")
     rng = np.random.default_rng(rng)
-    pieces = [(seg, keep, *_recursion_arguments(ode, seg, alpha, lam)) for seg, keep in segments(disc, ode,
-                                                                                                 discontinuities)]
+    segmented, jumps = segments(disc, ode, discontinuities, jumps, symbolic=False)
+    pieces = [(seg, keep, *_recursion_arguments(ode, seg, alpha, lam)) for seg, keep in segmented]
     nt = len(disc.times)
     draws = np.empty((int(size), nt, d))
     means = np.empty((int(size), nt, d))
     failed = 0
     for b in range(int(size)):
         y_start, parts = y0, []
-        for seg, keep, spec, setting, weights in pieces:
+        for s, (seg, keep, spec, setting, weights) in enumerate(pieces):
             z = rng.standard_normal((seg.n_grid - 1, d))
             zt = rng.standard_normal((len(seg.times), d))
             innovations = Innovations(readonly(y_start), readonly(theta), readonly(z), readonly(zt))
@@ -124,6 +128,8 @@ def chkrebtii_sample(
             if status != 0:
                 break
             y_start = out[-1].copy()  # the next segment restarts from this realisation where it ended
+            if jumps is not None and s < len(jumps):
+                y_start += jumps[s]
             parts.append((out, outm) if keep is None else (out[keep], outm[keep]))
         if status != 0:
             failed += 1

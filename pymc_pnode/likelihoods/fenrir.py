@@ -23,7 +23,7 @@ from pytensor.tensor.rewriting.basic import register_specialize
 
 from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import RESCALE, AccuracyWarning, SolverDiagnostics, needs_rounding_check, reproducible
-from pymc_pnode.discontinuities import split_times
+from pymc_pnode.discontinuities import declared_restarts, split_times
 from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, FenrirArguments, FenrirFunctions, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS, Stepping
@@ -129,7 +129,8 @@ class FenrirProblem:
     the fixed grid (or, with error control, the stops: its start, the observation times and its end) and
     the observation at each grid point. ``diffusion_mode``: a fixed diffusion (an input of the Op) or one
     calibrated at every evaluation (``odefilter.DIFFUSION_*``). ``diagnostics`` counts this process's
-    evaluations.
+    evaluations. The state may jump at each discontinuity (``jumps``, an input of the Op: one row per
+    discontinuity, zeros unless declared).
     """
 
     ode: ODE
@@ -190,8 +191,14 @@ class FenrirProblem:
         return float(self.segments[-1].grid[-1])
 
     @property
+    def n_jumps(self) -> int:
+        """Rows of the ``jumps`` input: one per discontinuity."""
+        return self.discontinuities.size
+
+    @property
     def n_directions(self) -> int:
-        return self.ode.n_states + self.ode.n_theta + self.n_sigma + 1
+        """Length of the flat gradient: ``(y0, θ, noise scales, κ, jumps)``; the kernel's ends before the jumps."""
+        return self.ode.n_states * (1 + self.n_jumps) + self.ode.n_theta + self.n_sigma + 1
 
     @property
     def kernel(self):
@@ -231,23 +238,24 @@ class FenrirProblem:
         return FenrirFunctions(*ode.field_addresses, ode.hess_contract.address,
                                ode.taylor_coefficients(order).address, ode.taylor_vjp(order).address)
 
-    def evaluate(self, y0, theta, data, sigma, kappa, cotangent=None, diagnostics=None, warn=True):
+    def evaluate(self, y0, theta, data, sigma, kappa, jumps=None, cotangent=None, diagnostics=None, warn=True):
         """Per-observation terms and, given ``cotangent``, the gradient of ``cotangent · terms``.
 
-        The gradient is the flat vector over ``(y0, θ, noise scales, κ)``. Terms are ``-inf`` (and
+        The gradient is the flat vector over ``(y0, θ, noise scales, κ, jumps)`` (``jumps``: the state's jump at
+        each discontinuity, ``n_jumps × n_states`` numbers in any shape; default zeros). Terms are ``-inf`` (and
         the gradient zero) when the solve fails (non-finite values, a diverging fixed step,
         ``max_steps`` reached), an input is invalid or the asked-for gradient is rounding noise
         (:mod:`pymc_pnode.accuracy`); every evaluation is counted in ``diagnostics`` (default
         :attr:`diagnostics`), which warns unless ``warn`` is False.
         """
-        return self._evaluate(y0, theta, data, sigma, kappa, cotangent, diagnostics, warn)[:2]
+        return self._evaluate(y0, theta, data, sigma, kappa, jumps, cotangent, diagnostics, warn)[:2]
 
-    def solver_grid(self, y0, theta, data, sigma, kappa=1.0) -> np.ndarray:
+    def solver_grid(self, y0, theta, data, sigma, kappa=1.0, jumps=None) -> np.ndarray:
         """The solver grid of one evaluation at these inputs (the error-controlled grid without a fixed step).
 
         Empty when the solve fails.
         """
-        terms, _, grid = self._evaluate(y0, theta, data, sigma, kappa, None, SolverDiagnostics(), False)
+        terms, _, grid = self._evaluate(y0, theta, data, sigma, kappa, jumps, None, SolverDiagnostics(), False)
         return grid.copy() if np.isfinite(terms).all() else np.empty(0)
 
     def _gradient_reproducible(self, kernel, arguments: FenrirArguments, grad: np.ndarray) -> bool:
@@ -273,12 +281,13 @@ class FenrirProblem:
             unreliable = not ok
         return SegmentResult(terms, grad, bool(ok), info, grid, y_end, failure, unreliable)
 
-    def _segments(self, arguments: FenrirArguments, want_grad: bool) -> list[SegmentResult]:
-        """Every segment in turn, each restarted from the solution mean where the previous one ended (the filter's
-        derivative states restart from the vector field beyond the discontinuity, its covariance from zero). With
-        the gradient, the segments before the last run twice: forward for their end values, then backward in
-        time with the cotangent that the next segment puts on its starting value (its gradient with respect to
-        its ``y0``). Stops at the first failing segment."""
+    def _segments(self, arguments: FenrirArguments, jumps: np.ndarray, want_grad: bool) -> list[SegmentResult]:
+        """Every segment in turn, each restarted from the solution mean where the previous one ended plus the
+        state's jump there (the filter's derivative states restart from the vector field beyond the discontinuity,
+        its covariance from zero). With the gradient, the segments before the last run twice: forward for their
+        end values, then backward in time with the cotangent that the next segment puts on its starting value
+        (its gradient with respect to its ``y0``, which is also the gradient with respect to the jump). Stops at
+        the first failing segment."""
         d = self.ode.n_states
         no_cotangent = np.zeros(d)
         starts, results = [arguments.y0], []
@@ -288,7 +297,8 @@ class FenrirProblem:
             results.append(result)
             if not result.ok:
                 return results
-            starts.append(np.ascontiguousarray(result.y_end))
+            if not last:
+                starts.append(np.ascontiguousarray(result.y_end + jumps[i]))
         if want_grad:
             for i in range(len(self.segments) - 2, -1, -1):
                 end_cotangent = np.ascontiguousarray(results[i + 1].grad[:d])
@@ -297,7 +307,7 @@ class FenrirProblem:
                     return results[: i + 1]
         return results
 
-    def _evaluate(self, y0, theta, data, sigma, kappa, cotangent, diagnostics, warn):
+    def _evaluate(self, y0, theta, data, sigma, kappa, jumps, cotangent, diagnostics, warn):
         """:meth:`evaluate`, and the solver grid."""
         ode = self.ode
         data = np.array(data, dtype=np.float64, order="C", copy=True)
@@ -312,9 +322,15 @@ class FenrirProblem:
         if y0.shape != (ode.n_states,) or theta.shape != (ode.n_theta,):
             raise ValueError(f"y0 and theta must have shapes ({ode.n_states},) and ({ode.n_theta},), "
                              f"got {y0.shape} and {theta.shape}")
+        jump_shape = (self.n_jumps, ode.n_states)
+        jumps = np.zeros(jump_shape) if jumps is None else np.asarray(jumps, dtype=np.float64)
+        if jumps.size != self.n_jumps * ode.n_states:
+            raise ValueError(f"jumps must have shape {jump_shape}, got {jumps.shape}")
+        jumps = jumps.reshape(jump_shape)
         want_grad = cotangent is not None
         cot = np.require(cotangent, np.float64, ["C", "W"]).reshape(-1) if want_grad else np.zeros(0)
-        ok = (kappa > 0 and np.all(sigma_full > 0) and np.all(np.isfinite(y0)) and np.all(np.isfinite(theta)))
+        ok = (kappa > 0 and np.all(sigma_full > 0) and np.all(np.isfinite(y0)) and np.all(np.isfinite(theta))
+              and np.all(np.isfinite(jumps)))
         n_steps = n_rejected = 0
         max_err = math.nan
         unreliable = False
@@ -327,12 +343,14 @@ class FenrirProblem:
                 first.grid, first.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
                 np.zeros(ode.n_states), float(self.memory_budget),
             )
-            results = self._segments(arguments, want_grad)
+            results = self._segments(arguments, jumps, want_grad)
             ok = all(r.ok for r in results) and len(results) == len(self.segments)
             terms = sum(r.terms for r in results)
             grad = results[0].grad.copy()  # the y0 part is the first segment's; θ, σ and κ add up
             for r in results[1:]:
                 grad[ode.n_states:] += r.grad[ode.n_states:]
+            # a jump adds to the next segment's starting value: its gradient is that segment's y0 part
+            grad = np.concatenate([grad] + [r.grad[:ode.n_states] for r in results[1:]])
             grid = np.concatenate([r.grid for r in results])
             max_err = max(r.info[0] for r in results)
             n_steps, n_rejected = (int(sum(r.info[j] for r in results)) for j in (2, 3))
@@ -349,14 +367,8 @@ class FenrirProblem:
 
 
 
-def _fenrir_inputs(y0, theta, data, sigma, kappa):
-    return [
-        pt.as_tensor_variable(y0, dtype="float64"),
-        pt.as_tensor_variable(theta, dtype="float64"),
-        pt.as_tensor_variable(data, dtype="float64"),
-        pt.as_tensor_variable(sigma, dtype="float64"),
-        pt.as_tensor_variable(kappa, dtype="float64"),
-    ]
+def _fenrir_inputs(y0, theta, data, sigma, kappa, jumps):
+    return [pt.as_tensor_variable(x, dtype="float64") for x in (y0, theta, data, sigma, kappa, jumps)]
 
 
 class FenrirOp(Op):
@@ -367,8 +379,8 @@ class FenrirOp(Op):
     def __init__(self, problem: FenrirProblem):
         self.problem = problem
 
-    def make_node(self, y0, theta, data, sigma, kappa):
-        return Apply(self, _fenrir_inputs(y0, theta, data, sigma, kappa), [pt.vector(dtype="float64")])
+    def make_node(self, y0, theta, data, sigma, kappa, jumps):
+        return Apply(self, _fenrir_inputs(y0, theta, data, sigma, kappa, jumps), [pt.vector(dtype="float64")])
 
     def perform(self, node, inputs, output_storage):
         output_storage[0][0] = self.problem.evaluate(*inputs)[0]
@@ -377,8 +389,8 @@ class FenrirOp(Op):
         return [(shapes[2][0],)]
 
     def L_op(self, inputs, outputs, output_grads):
-        y0, theta, data, sigma, kappa = inputs
-        vjp = FenrirVJPOp(self.problem)(y0, theta, data, sigma, kappa, output_grads[0])[1]
+        y0, theta, data, sigma, kappa, jumps = inputs
+        vjp = FenrirVJPOp(self.problem)(y0, theta, data, sigma, kappa, jumps, output_grads[0])[1]
         d, k, s = self.problem.ode.n_states, self.problem.ode.n_theta, self.problem.n_sigma
         g_sigma = vjp[d + k : d + k + s]
         return [
@@ -387,6 +399,7 @@ class FenrirOp(Op):
             grad_not_implemented(self, 2, data, "Fenrir has no gradient with respect to the data"),
             g_sigma.reshape(sigma.shape) if sigma.ndim else g_sigma[0],
             vjp[d + k + s],
+            vjp[d + k + s + 1:].reshape(jumps.shape),
         ]
 
     def __str__(self) -> str:
@@ -394,7 +407,7 @@ class FenrirOp(Op):
 
 
 class FenrirVJPOp(Op):
-    """``(terms, gᵀ ∂terms/∂(y0, θ, σ, κ))``: the terms and one flat vector–Jacobian product.
+    """``(terms, gᵀ ∂terms/∂(y0, θ, σ, κ, jumps))``: the terms and one flat vector–Jacobian product.
 
     The terms come for free with the reverse sweep; :func:`_share_fenrir_forward_pass` lets the
     value node of the same inputs use them, so a compiled logp-and-gradient runs the solver once.
@@ -405,13 +418,13 @@ class FenrirVJPOp(Op):
     def __init__(self, problem: FenrirProblem):
         self.problem = problem
 
-    def make_node(self, y0, theta, data, sigma, kappa, cotangent):
-        inputs = _fenrir_inputs(y0, theta, data, sigma, kappa)
+    def make_node(self, y0, theta, data, sigma, kappa, jumps, cotangent):
+        inputs = _fenrir_inputs(y0, theta, data, sigma, kappa, jumps)
         inputs.append(pt.as_tensor_variable(cotangent, dtype="float64"))
         return Apply(self, inputs, [pt.vector(dtype="float64"), pt.vector(dtype="float64")])
 
     def perform(self, node, inputs, output_storage):
-        terms, vjp = self.problem.evaluate(*inputs[:5], cotangent=inputs[5])
+        terms, vjp = self.problem.evaluate(*inputs[:6], cotangent=inputs[6])
         output_storage[0][0] = terms
         output_storage[1][0] = vjp
 
@@ -440,9 +453,9 @@ def _share_fenrir_forward_pass(fgraph, node):
         op = getattr(client, "op", None)
         if not (isinstance(op, FenrirVJPOp) and op.problem is node.op.problem):
             continue
-        if not all(a is b for a, b in zip(client.inputs[:5], node.inputs)):
+        if not all(a is b for a, b in zip(client.inputs[:6], node.inputs)):
             continue
-        if node.outputs[0] in set(ancestors([client.inputs[5]])):
+        if node.outputs[0] in set(ancestors([client.inputs[6]])):
             continue
         return [client.outputs[0]]
     return None
@@ -469,7 +482,10 @@ def diffusion_mode(diffusion) -> int:
     return DIFFUSION_FIXED
 
 
-def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control, label, **problem_options):
+def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control, label, jumps=None,
+             **problem_options):
+    """The problem, the data with missing values as 0, and the Op's σ, κ and jumps inputs (jumps ``None`` unless
+    declared; then zeros of shape ``(n_jumps, d)`` are the Op's input)."""
     _validate_positive_constant(obs_sigma, "obs_sigma")
     mode = diffusion_mode(diffusion)
     if mode == DIFFUSION_FIXED:
@@ -496,7 +512,14 @@ def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control
         raise ValueError("data must be finite or NaN (missing); it contains ±inf")
     # A calibrated diffusion is computed by the kernel; the Op's κ input is then an unused placeholder.
     kappa = pt.as_tensor_variable(diffusion if mode == DIFFUSION_FIXED else 1.0, dtype="float64")
-    return problem.with_missing(missing), np.where(missing, 0.0, arr), sigma, kappa
+    _, jumps = declared_restarts(problem_options.get("discontinuities"), jumps, ode.t0, float(problem.times[-1]),
+                                 problem.ode.n_states)
+    return problem.with_missing(missing), np.where(missing, 0.0, arr), sigma, kappa, jumps
+
+
+def _no_jumps(problem: FenrirProblem) -> np.ndarray:
+    """The Op's ``jumps`` input when none are declared: zeros, one row per discontinuity."""
+    return np.zeros((problem.n_jumps, problem.ode.n_states))
 
 
 def fenrir_loglik(
@@ -515,6 +538,7 @@ def fenrir_loglik(
     atol: float = DEFAULT_ATOL,
     max_steps: int = DEFAULT_MAX_STEPS,
     discontinuities=None,
+    jumps=None,
     memory_budget: float = DEFAULT_MEMORY_BUDGET,
     pointwise: bool = False,
 ):
@@ -568,6 +592,12 @@ def fenrir_loglik(
         them an error-controlled solve stops at such a jump (``-inf``, with a warning that says where).
         The numerical variance at a restart is not carried over (with error control it is of the order
         of the tolerance). Times outside ``(t0, times[-1])`` are ignored.
+    jumps : array_like or TensorVariable, shape (len(discontinuities), n_states), optional
+        Jumps of the state at the ``discontinuities`` (a bolus dose, a harvest; may be random): the segment after
+        ``discontinuities[j]`` starts from the mean where the one before ended plus ``jumps[j]``,
+        ``y(t_j⁺) = y(t_j⁻) + jumps[j]``; a state that does not jump has a zero column. The times must then be
+        strictly increasing and after ``t0`` (those at or after ``times[-1]`` are dropped with their rows); an
+        observation at a jump time is of the state just before the jump. The gradient includes ``jumps``.
     memory_budget : float, default 2**30
         Bytes that the reverse sweep of a dense model (``structure="dense"``) may hold for its data phase, five
         ``D×D`` matrices per grid point (``D = d (q + 1)``). A sweep that would need more is checkpointed: it keeps
@@ -588,16 +618,17 @@ def fenrir_loglik(
         near an unstable invariant set: counted and warned, see docs/fenrir.md).
     """
     control = StepControl(step, rtol, atol, max_steps)
-    problem, filled, sigma, kappa = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control,
-                                             "fenrir_loglik", discontinuities=discontinuities,
-                                             memory_budget=memory_budget)
+    problem, filled, sigma, kappa, jumps = _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver,
+                                                    control, "fenrir_loglik", jumps, discontinuities=discontinuities,
+                                                    memory_budget=memory_budget)
     terms = FenrirOp(problem)(ode.y0_tensor(y0), ode.theta_tensor(theta), pt.as_tensor_variable(filled), sigma,
-                              kappa)
+                              kappa, _no_jumps(problem) if jumps is None else jumps)
     return terms if pointwise else terms.sum()
 
 
-def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, rng, size):
-    """Data drawn from the Fenrir generative model: a PN posterior trajectory plus noise.
+def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, jumps, rng, size):
+    """Data drawn from the Fenrir generative model: a PN posterior trajectory plus noise (``jumps``: the state's
+    jumps at the discontinuities, any shape with ``n_jumps × n_states`` entries, or ``None``).
 
     ``size`` is the batch shape ``(..., T)``; every leading index gets its own trajectory.
     """
@@ -607,6 +638,8 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, rng, size)
     y0 = np.asarray(y0, dtype=np.float64).reshape(ode.n_states)
     theta = np.asarray(theta, dtype=np.float64).reshape(ode.n_theta)
     kappa = np.asarray(kappa, dtype=np.float64).reshape(())
+    if jumps is not None:
+        jumps = np.asarray(jumps, dtype=np.float64).reshape(problem.n_jumps, ode.n_states)
     n_obs, m = problem.missing.shape
     batch = (n_obs,) if size is None else tuple(np.atleast_1d(size))
     n = int(np.prod(batch[:-1])) if len(batch) > 1 else 1
@@ -617,7 +650,7 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, rng, size)
     sol = solve(ode, y0, theta, (ode.t0, problem.t_end), solver=problem.solver, step=step,
                 rtol=control.rtol, atol=control.atol, max_steps=control.max_steps, save_at=problem.times,
                 diffusion=DIFFUSION_ARGUMENTS.get(problem.diffusion_mode, float(kappa)),
-                discontinuities=problem.discontinuities)
+                discontinuities=problem.discontinuities, jumps=jumps)
     if not sol.success:
         return np.full(batch + (m,), np.nan)
     traj = sol.sample(n, rng=rng)  # (n, T, d)
@@ -643,6 +676,7 @@ def Fenrir(
     atol: float = DEFAULT_ATOL,
     max_steps: int = DEFAULT_MAX_STEPS,
     discontinuities=None,
+    jumps=None,
     memory_budget: float = DEFAULT_MEMORY_BUDGET,
     check_accuracy: bool = True,
     dims=None,
@@ -661,8 +695,8 @@ def Fenrir(
     name : str
         Name of the observed variable.
     ode, y0, theta, times, obs_matrix, obs_sigma, diffusion, solver, step, rtol, atol, max_steps, discontinuities
-    memory_budget
-        As in :func:`fenrir_loglik`; ``y0``, ``theta``, ``obs_sigma`` and ``diffusion`` may be
+    jumps, memory_budget
+        As in :func:`fenrir_loglik`; ``y0``, ``theta``, ``obs_sigma``, ``diffusion`` and ``jumps`` may be
         random variables of the model.
     check_accuracy : bool, default True
         With a fixed ``step``: evaluate the likelihood at the model's initial point and at 20 prior
@@ -681,23 +715,26 @@ def Fenrir(
         The observed variable.
     """
     control = StepControl(step, rtol, atol, max_steps)
-    problem, filled, sigma, kappa = _prepare(ode, times, observed, obs_matrix, obs_sigma, diffusion, solver, control,
-                                             f"Fenrir {name!r}", discontinuities=discontinuities,
-                                             memory_budget=memory_budget)
+    problem, filled, sigma, kappa, jumps = _prepare(ode, times, observed, obs_matrix, obs_sigma, diffusion, solver,
+                                                    control, f"Fenrir {name!r}", jumps,
+                                                    discontinuities=discontinuities, memory_budget=memory_budget)
     y0, theta = ode.y0_tensor(y0), ode.theta_tensor(theta)
     sigma_vec = sigma if sigma.ndim == 1 else sigma[None]
     op = FenrirOp(problem)
 
-    d, k, n_sigma = ode.n_states, ode.n_theta, problem.n_sigma
+    d, k, n_sigma, n_jumps = ode.n_states, ode.n_theta, problem.n_sigma, problem.n_jumps
+    # declared jumps are a (flattened) parameter of the distribution, so that random ones are replaced by values
+    jump_parameters = [] if jumps is None else [jumps.reshape((n_jumps * d,))]
 
-    def logp(value, y0, theta, sigma, kappa):
+    def logp(value, y0, theta, sigma, kappa, *jump_values):
         # PyMC may hand the parameters over with broadcast leading unit dims: drop them.
         y0, theta = y0.reshape((d,)), theta.reshape((k,))
         sigma, kappa = sigma.reshape((n_sigma,)), kappa.reshape(())
-        return op(y0, theta, value, sigma if n_sigma > 1 else sigma[0], kappa)
+        jumps_in = jump_values[0].reshape((n_jumps, d)) if jump_values else _no_jumps(problem)
+        return op(y0, theta, value, sigma if n_sigma > 1 else sigma[0], kappa, jumps_in)
 
-    def random(y0, theta, sigma, kappa, rng=None, size=None):
-        return _predictive_draw(problem, y0, theta, sigma, kappa, rng, size)
+    def random(y0, theta, sigma, kappa, *jump_values, rng=None, size=None):
+        return _predictive_draw(problem, y0, theta, sigma, kappa, jump_values[0] if jump_values else None, rng, size)
 
     observed_rv = pm.CustomDist(
         name,
@@ -705,9 +742,10 @@ def Fenrir(
         theta,
         sigma_vec,
         kappa,
+        *jump_parameters,
         logp=logp,
         random=random,
-        signature=f"(d),(k),(s),()->({filled.shape[1]})",
+        signature=f"(d),(k),(s),(){',(j)' * bool(jump_parameters)}->({filled.shape[1]})",
         observed=filled,
         shape=filled.shape,
         dims=dims,
@@ -715,7 +753,7 @@ def Fenrir(
     model = pm.modelcontext(None)
     _DIAGNOSTICS.setdefault(model, {})[name] = problem.diagnostics
     if check_accuracy and not control.adaptive:
-        _check_accuracy_before_sampling(model, problem, filled, [y0, theta, sigma, kappa])
+        _check_accuracy_before_sampling(model, problem, filled, [y0, theta, sigma, kappa, *jump_parameters])
     return observed_rv
 
 
@@ -755,8 +793,8 @@ def _check_accuracy_before_sampling(model, problem: FenrirProblem, filled, param
         points += [[np.asarray(v)[j] for v in draws] for j in range(_N_PRIOR_CHECKS)]
         where += f" and {_N_PRIOR_CHECKS} prior draws"
     probe = SolverDiagnostics(problem.diagnostics.label, problem.step, problem.solver.order)
-    for y0, theta, sigma, kappa in points:
-        problem.evaluate(y0, theta, filled, sigma, kappa, diagnostics=probe, warn=False)
+    for y0, theta, sigma, kappa, *jumps in points:
+        problem.evaluate(y0, theta, filled, sigma, kappa, *jumps, diagnostics=probe, warn=False)
     if probe.n_over_tolerance or probe.n_failed:
         warnings.warn(
             f"{probe.label}: {where}, the fixed step "
