@@ -128,12 +128,24 @@ class ODE:
     def _trace(self, func: Callable) -> list[Variable]:
         try:
             out = func(list(self._y), self._t, list(self._p))
-        except (TypeError, IndexError, ValueError, AttributeError):
-            # The field uses vector operations: give it stacked vectors; rewrites usually reduce
-            # the result back to scalar operations.
-            yv = pt.stack(self._y)
-            pv = pt.stack(self._p) if self._p else pt.zeros((0,), dtype="float64")
-            out = func(yv, self._t, pv)
+        except IndexError as err:
+            if "out of range" in str(err):  # a vector of PyTensor scalars would take the index silently
+                raise ValueError(f"func indexes y or p beyond their lengths (n_states={self.n_states}, "
+                                 f"n_theta={self.n_theta}): {err}") from err
+            out = self._trace_vectors(func)
+        except (TypeError, ValueError, AttributeError):
+            out = self._trace_vectors(func)
+        return self._outputs(out)
+
+    def _trace_vectors(self, func: Callable):
+        """``func`` on stacked vectors (a field written with vector operations); rewrites usually reduce the result
+        back to scalar operations."""
+        yv = pt.stack(self._y)
+        pv = pt.stack(self._p) if self._p else pt.zeros((0,), dtype="float64")
+        return func(yv, self._t, pv)
+
+    def _outputs(self, out) -> list[Variable]:
+        """The traced field's value as ``n_states`` scalar expressions."""
         if isinstance(out, (list, tuple)):
             outs = [pt.as_tensor_variable(o) for o in out]
         else:

@@ -110,6 +110,9 @@ class PNSolutionProblem:
         # writable copies of the right sizes (the generated functions take writable arrays)
         y0 = np.array(y0, dtype=np.float64).reshape(d)
         theta = np.array(theta, dtype=np.float64).reshape(ode.n_theta)
+        if not (np.all(np.isfinite(y0)) and np.all(np.isfinite(theta))):  # e.g. exp overflow of a sampler's proposal
+            self.diagnostics.record(0, 0, 0.0, failed=True, failure="non-finite y0 or theta")
+            return self._failed(None, np.zeros(d))
         sol = solve_without_warnings(ode, y0, theta, (self.start, float(self.times[-1])), solver=self.solver,
                                      step=self.step, rtol=self.rtol, atol=self.atol, save_at=self.times,
                                      smooth=self.smooth, max_steps=self.max_steps, diffusion=self.diffusion)
@@ -171,13 +174,15 @@ class PNSolutionProblem:
         return dmean, jac_std, cov, dcov, rounding
 
     def _failed(self, sol, y0: np.ndarray) -> Evaluation:
-        """The :class:`Evaluation` of a refused solve: the marginals it reached, zero Jacobians, ``log_ok = -inf``."""
+        """The :class:`Evaluation` of a refused solve: the marginals it reached (``y0`` without a solve, ``sol``
+        ``None``), zero Jacobians, ``log_ok = -inf``."""
         n_out, d, n_dir, n_cov = self.times.size, self.ode.n_states, self.n_directions, self.n_cov
         mean, std = np.zeros((n_out, d)), np.zeros((n_out, d))
-        reached = min(sol.mean.shape[0], n_out)
-        mean[:reached], std[:reached] = sol.mean[:reached], sol.std[:reached]
-        mean[reached:] = sol.mean[reached - 1] if reached else y0
-        std[reached:] = sol.std[reached - 1] if reached else 0.0
+        reached = 0 if sol is None else min(sol.mean.shape[0], n_out)
+        mean[reached:] = y0
+        if reached:
+            mean[:reached], std[:reached] = sol.mean[:reached], sol.std[:reached]
+            mean[reached:], std[reached:] = sol.mean[reached - 1], sol.std[reached - 1]
         return Evaluation(mean, std, np.eye(n_cov), np.zeros((n_out, d, n_dir)), np.zeros((n_out, d, n_dir)),
                           np.zeros((n_cov, n_cov, n_dir)), np.array([-np.inf]))
 

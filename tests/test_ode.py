@@ -220,6 +220,12 @@ def test_wrong_output_length_names_func():
         pn.ODE(lambda y, t, p: [y[0]], n_states=2, n_theta=0)
 
 
+@pytest.mark.parametrize("field", [lambda y, t, p: [p[2] * y[0], -y[1]], lambda y, t, p: [y[2], -y[1]]])
+def test_an_index_beyond_n_states_or_n_theta_is_named(field):
+    with pytest.raises(ValueError, match=r"func indexes y or p beyond their lengths \(n_states=2, n_theta=2\)"):
+        pn.ODE(field, n_states=2, n_theta=2)
+
+
 @pytest.mark.parametrize("kwargs", [dict(n_states=0, n_theta=1), dict(n_states=2, n_theta=-1)])
 def test_bad_dimensions(kwargs):
     with pytest.raises(ValueError, match="n_states|n_theta"):

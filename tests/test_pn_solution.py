@@ -231,6 +231,8 @@ def test_failed_solve_is_minus_inf_in_a_model_and_nan_outside():
     assert logp({"p_log__": np.log(1.0)}) == -np.inf  # singular at t = 1
     assert np.all(np.isfinite(dlogp({"p_log__": np.log(1.0)})))
     assert np.isfinite(logp({"p_log__": np.log(0.3)}))
+    # a parameter that overflows at run time (exp(800) = inf) is a failed solve too, not an exception
+    assert logp({"p_log__": 800.0}) == -np.inf
     mean, std = pn.probabilistic_solution(ode, [1.0], [1.0], times)
     assert np.all(np.isnan(mean.eval())) and np.all(np.isnan(std.eval()))
 
