@@ -1,15 +1,23 @@
-"""Two ways the Fenrir defaults are still silently wrong (found 2026-11-28 by a robustness sweep; not fixed).
+"""Two ways the Fenrir defaults go wrong (found 2026-11-28 by a robustness sweep; the first now warns; not fixed).
 
 1. **A state that starts far below ``atol`` and grows** (an epidemic from a small seed): SIR on counts, β = 3e-4,
    γ = 0.1, S0 = 1000, I observed every 5 days with σ = 5, data drawn with no outbreak in them. From I0 = 1e-5 the
    exact solution reaches I = 299; the default Fenrir likelihood (rtol 1e-4, atol 1e-6) follows a solution that
-   never takes off and returns the value for I ≡ 0, thousands of nats above the exact one, without a warning. Its
-   first pass (unit diffusion, which chooses the grid) is the uniform-diffusion filter, whose mean here turns back
-   to 0 while its error estimate stays below the tolerance; ``pn.solve`` with the local diffusion follows the
-   epidemic at the same tolerances. Printed: the value against the exact one for several I0 and settings.
+   never takes off and returns the value for I ≡ 0, thousands of nats above the exact one (the package now warns
+   when y0 has a nonzero entry within 1000 × atol of zero). Classical solvers, and ``pn.solve`` with its one-pass
+   local diffusion, follow the epidemic at the same tolerances; on the grid that the local filter chooses, the
+   two-pass likelihood is still wrong (``two_pass_on_the_local_grid``): the calibration from the unit-diffusion
+   pass, not the grid, loses the epidemic. Printed: the value against the exact one for several I0 and settings.
 2. **A gradient at an exact equilibrium** (logistic growth at y0 = 0, a natural initial point of ``y0 ~ N(0, 1)``):
    every ODE residual is exactly zero, so the calibrated diffusion sits at its floor and its path is cut from the
    gradient, while for any y0 ≠ 0 the gradient has it: the gradient at 0 is not the derivative of the value there.
+
+A pointer to the cause of the first (``quadrature_defects``): the filtered means of a uniform-diffusion ODE filter
+(``pn.solve(diffusion="calibrated")``, whose means are those of Fenrir's grid-choosing unit-diffusion pass) often
+move against their own derivatives: the step's increment ``y_n − y_{n−1}`` disagrees with its quadrature from the
+derivative states, ``h/2 (y'_{n−1} + y'_n) + h²/12 (y''_{n−1} − y''_n)`` (Euler–Maclaurin, error ``h⁵ y⁽⁵⁾/720``), by
+far more than the tolerance, although every step's error estimate (the ODE residual of the prediction) is within
+it. With the local diffusion the same defect stays below the tolerance on every problem tried.
 
 Run: ``python benchmarks/known_failures.py`` (about a minute with warm caches); output in
 ``benchmarks/results/known_failures.md``.
@@ -26,6 +34,8 @@ from scipy.integrate import solve_ivp
 from scipy.stats import norm
 
 import pymc_pnode as pn
+from pymc_pnode.filtering.odefilter import DIFFUSION_LOCAL
+from pymc_pnode.likelihoods.fenrir import FenrirProblem, Segment, StepControl
 
 
 def sir(y, t, p):
@@ -57,6 +67,47 @@ def small_seed() -> list[str]:
     return rows
 
 
+def two_pass_on_the_local_grid() -> list[str]:
+    """The default (two-pass) likelihood on the grid that ``pn.solve``'s one-pass local filter chooses, where that
+    filter follows the epidemic: is the grid the culprit, or the calibration from the unit-diffusion pass?"""
+    theta, times, sigma = np.array([3e-4, 0.1]), np.arange(5.0, 105.0, 5.0), 5.0
+    data = sigma * np.random.default_rng(0).standard_normal((times.size, 1))
+    ode = pn.ODE(sir, n_states=3, n_theta=2)
+    rows = ["| I0 | exact log-likelihood | defaults − exact | two-pass on the local filter's grid − exact | steps |",
+            "| --- | --- | --- | --- | --- |"]
+    for i0 in (1e-3, 1e-5, 1e-7):
+        y0 = np.array([1000.0, i0, 0.0])
+        ref = solve_ivp(lambda t, y: sir(y, t, theta), (0, 100), y0, method="DOP853", t_eval=times, rtol=1e-12,
+                        atol=1e-20).y[1]
+        exact = norm.logpdf(data[:, 0], ref, sigma).sum()
+        adaptive = FenrirProblem.build(ode, times, data.shape, [[0.0, 1.0, 0.0]], 1, pn.EK1(3), StepControl(None),
+                                       DIFFUSION_LOCAL)
+        grid = pn.solve(ode, y0, theta, (0, 100), save_at=times, rtol=1e-4, atol=1e-6, smooth=False).run.grid
+        obs_at = np.full(grid.size, -1, dtype=np.int64)
+        obs_at[np.searchsorted(grid, times)] = np.arange(times.size)
+        on_grid = FenrirProblem(ode, adaptive.solver, times, (Segment(grid, obs_at),), adaptive.obs_matrix,
+                                adaptive.missing, 1, StepControl(1.0), DIFFUSION_LOCAL, pn.SolverDiagnostics())
+        values = [p.evaluate(y0, theta, data, sigma, 1.0, warn=False)[0].sum() for p in (adaptive, on_grid)]
+        rows.append(f"| {i0:g} | {exact:.2f} | {values[0] - exact:+.3g} | {values[1] - exact:+.3g} | {grid.size - 1} |")
+    return rows
+
+
+def classical_solvers() -> list[str]:
+    """scipy's solvers at Fenrir's default tolerances on the small-seed SIR: qualitatively right."""
+    theta, times = np.array([3e-4, 0.1]), np.arange(5.0, 105.0, 5.0)
+    rows = ["| I0 | scipy method (rtol 1e-4, atol 1e-6) | largest error in I | f evaluations |",
+            "| --- | --- | --- | --- |"]
+    for i0 in (1e-5, 1e-7):
+        y0 = [1000.0, i0, 0.0]
+        ref = solve_ivp(lambda t, y: sir(y, t, theta), (0, 100), y0, method="DOP853", t_eval=times, rtol=1e-12,
+                        atol=1e-20).y[1]
+        for method in ("RK45", "DOP853", "LSODA", "Radau"):
+            sol = solve_ivp(lambda t, y: sir(y, t, theta), (0, 100), y0, method=method, t_eval=times, rtol=1e-4,
+                            atol=1e-6)
+            rows.append(f"| {i0:g} | {method} | {np.abs(sol.y[1] - ref).max():.3g} | {sol.nfev} |")
+    return rows
+
+
 def equilibrium_gradient() -> list[str]:
     theta, times, sigma = np.array([0.8, 10.0]), np.linspace(1.0, 12.0, 12), 0.2
     data = sigma * np.random.default_rng(0).standard_normal(times.size)
@@ -74,11 +125,62 @@ def equilibrium_gradient() -> list[str]:
     return rows
 
 
+def fhn(y, t, p):
+    return [p[2] * (y[0] - y[0] ** 3 / 3 + y[1]), -(y[0] - p[0] - p[1] * y[1]) / p[2]]
+
+
+def van_der_pol(y, t, p):
+    return [y[1], p[0] * (1 - y[0] ** 2) * y[1] - y[0]]
+
+
+def lorenz(y, t, p):
+    return [10 * (y[1] - y[0]), y[0] * (28 - y[2]) - y[1], y[0] * y[1] - 8 / 3 * y[2]]
+
+
+def scaled_quadrature_defects(sol, rtol: float, atol: float) -> np.ndarray:
+    """Per step: ``‖(y_n − y_{n−1} − quadrature of the derivative states) / (atol + rtol |y|)‖_rms``."""
+    grid, mu = sol.run.grid, sol.run.mu
+    q1 = sol.solver.order + 1
+    d = mu.shape[1] // q1
+    out = np.empty(grid.size - 1)
+    for n in range(1, grid.size):
+        h = grid[n] - grid[n - 1]
+        a, b = mu[n - 1].reshape(q1, d), mu[n].reshape(q1, d)
+        quadrature = h / 2 * (a[1] + b[1]) + h**2 / 12 * (a[2] - b[2])
+        scale = atol + rtol * np.maximum(np.abs(a[0]), np.abs(b[0]))
+        out[n - 1] = np.sqrt(np.mean(((b[0] - a[0] - quadrature) / scale) ** 2))
+    return out
+
+
+def quadrature_defects() -> list[str]:
+    problems = [("SIR, I0 = 1e-5", sir, 3, [1000.0, 1e-5, 0.0], [3e-4, 0.1], 100.0),
+                ("SIR, I0 = 1e-3", sir, 3, [1000.0, 1e-3, 0.0], [3e-4, 0.1], 100.0),
+                ("FitzHugh–Nagumo", fhn, 2, [-1.0, 1.0], [0.2, 0.2, 3.0], 20.0),
+                ("Van der Pol, μ = 5", van_der_pol, 2, [2.0, 0.0], [5.0], 20.0),
+                ("Lorenz", lorenz, 3, [1.0, 1.0, 1.0], None, 10.0)]
+    rows = ["| problem (pn.solve, EK1(3), rtol 1e-4, atol 1e-6) | diffusion | steps | largest scaled defect | "
+            "steps with defect > 1 |", "| --- | --- | --- | --- | --- |"]
+    for label, field, d, y0, theta, t1 in problems:
+        ode = pn.ODE(field, n_states=d, n_theta=0 if theta is None else len(theta))
+        for diffusion in ("calibrated", "local"):
+            sol = pn.solve(ode, y0, theta, (0.0, t1), rtol=1e-4, atol=1e-6, diffusion=diffusion, smooth=False)
+            defects = scaled_quadrature_defects(sol, 1e-4, 1e-6)
+            rows.append(f"| {label} | {diffusion} | {sol.stats['n_steps']} | {defects.max():.3g} | "
+                        f"{int((defects > 1).sum())} |")
+    return rows
+
+
 def main() -> None:
     warnings.simplefilter("ignore")
     print("\n".join(small_seed()))
     print()
+    print("\n".join(classical_solvers()))
+    print()
+    print("\n".join(two_pass_on_the_local_grid()))
+    print()
     print("\n".join(equilibrium_gradient()))
+    print()
+    print("\n".join(quadrature_defects()))
 
 
 if __name__ == "__main__":

@@ -217,6 +217,36 @@ def test_max_steps_and_blow_up_give_minus_infinity_and_are_counted(fhn_ode):
     assert solvable.diagnostics.n_failed == 1
 
 
+def _susceptible_infected(y, t, p):
+    infections = p[0] * y[0] * y[1]
+    return [-infections, infections - p[1] * y[1]]
+
+
+def test_a_state_starting_within_1000_atol_of_zero_warns():
+    """The known failure of error control (docs/fenrir.md): an epidemic from a seed near atol is lost silently. The
+    value is thousands of nats off here; the defaults now say so, and a small atol gives the exact value."""
+    ode = pn.ODE(_susceptible_infected, n_states=2, n_theta=2)
+    theta, times, sigma = np.array([3e-4, 0.1]), np.arange(5.0, 105.0, 5.0), 5.0
+    data = sigma * np.random.default_rng(0).standard_normal(times.size)
+
+    def values(i0, **kwargs):
+        ref = solve_ivp(lambda t, y: _susceptible_infected(y, t, theta), (0, 100), [1000.0, i0], method="DOP853",
+                        t_eval=times, rtol=1e-12, atol=1e-20).y[1]
+        ll = pn.fenrir_loglik(ode, [1000.0, i0], theta, times, data, obs_matrix=[[0.0, 1.0]], obs_sigma=sigma,
+                              **kwargs)
+        return float(ll.eval()), norm.logpdf(data, ref, sigma).sum()
+
+    with pytest.warns(pn.AccuracyWarning, match=r"y0\[1\] = 1e-05 is nonzero but within 1000 × atol"):
+        value, exact = values(1e-5)
+    assert abs(value - exact) > 1000  # the failure the warning is about (+5,200 nats measured)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        value, exact = values(1e-5, atol=1e-9)  # the remedy the warning suggests
+        assert value == pytest.approx(exact, abs=0.05)
+        value, exact = values(1e-2)
+        assert value == pytest.approx(exact, abs=0.05)
+
+
 def test_guard_warns_on_a_coarse_step_before_sampling_and_stays_quiet_on_a_fine_one(fhn_ode):
     times = np.arange(0.5, 4.01, 0.25)
     data = np.sin(times)[:, None]
