@@ -23,6 +23,7 @@ from pytensor.graph.op import Op
 from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import SolverDiagnostics
 from pymc_pnode.classical.dopri import dopri_backward, dopri_forward
+from pymc_pnode.discontinuities import declared_restarts, split_times
 from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
@@ -41,13 +42,17 @@ class DopriSolver:
     Parameters
     ----------
     ode : ODE
-        The differential equation; solves start at ``ode.t0``.
+        The differential equation.
     times : array_like
-        Strictly increasing output times, ``times[0] >= ode.t0``.
+        Strictly increasing output times, ``times[0] >= t_start``.
     control : StepControl
         ``rtol``, ``atol`` and ``max_steps`` (its ``step`` must be ``None``).
     label : str
         Name used in the accuracy counts.
+    t_start : float, optional
+        Where the solves start (default ``ode.t0``; a segment after a restart).
+    diagnostics : SolverDiagnostics, optional
+        Counts to share with other solvers (the segments of one solution); default: its own.
 
     Attributes
     ----------
@@ -56,13 +61,15 @@ class DopriSolver:
         (this process and, by spool files, worker processes).
     """
 
-    def __init__(self, ode: ODE, times, control: StepControl, label: str = "DifferentialEquation"):
+    def __init__(self, ode: ODE, times, control: StepControl, label: str = "DifferentialEquation",
+                 t_start: float | None = None, diagnostics: SolverDiagnostics | None = None):
         if not control.adaptive:
             raise ValueError("DopriSolver chooses its own steps: control.step must be None")
         self.ode = ode
-        self.times = validate_times(times, "times", start=ode.t0)
+        self.t_start = ode.t0 if t_start is None else float(t_start)
+        self.times = validate_times(times, "times", start=self.t_start)
         self.control = control
-        self.diagnostics = SolverDiagnostics(label, None, 5)
+        self.diagnostics = SolverDiagnostics(label, None, 5) if diagnostics is None else diagnostics
 
     def forward(self, y0, theta):
         """``(ys, ts, traj, log_ok)`` for numeric ``y0`` and ``theta`` of the right sizes; counts the evaluation.
@@ -73,7 +80,7 @@ class DopriSolver:
         c = self.control
         y0, theta = _vector(y0, self.ode.n_states), _vector(theta, self.ode.n_theta)
         ys, ts, traj, status, n_rejected = dopri_forward(
-            self.ode.rhs.address, theta.copy(), y0, self.ode.t0, self.times, c.rtol, c.atol, c.max_steps
+            self.ode.rhs.address, theta.copy(), y0, self.t_start, self.times, c.rtol, c.atol, c.max_steps
         )
         failed = status != STATUS_SUCCESS
         failure = f"{STATUS_MESSAGES[int(status)]}, at t = {ts[-1]:.6g}" if failed else ""
@@ -96,13 +103,13 @@ class DopriSolver:
 
     # Ops use the solver as a prop: solvers of the same problem give mergeable nodes.
     def _key(self):
-        return (self.ode, self.times.tobytes(), self.control)
+        return (self.ode, self.t_start, self.times.tobytes(), self.control)
 
     def __eq__(self, other):
         return isinstance(other, DopriSolver) and other._key() == self._key()
 
     def __hash__(self):
-        return hash((id(self.ode), self.times.tobytes(), self.control))
+        return hash((id(self.ode), self.t_start, self.times.tobytes(), self.control))
 
     def __repr__(self):
         c = self.control
@@ -210,6 +217,12 @@ class DifferentialEquation:
         Step cap of one solve; a solve that needs more fails.
     name : str, default "ode"
         Prefix of the potential that flags failed solves.
+    discontinuities : array_like, optional
+        Times at which the solution restarts (:mod:`pymc_pnode.discontinuities`): where the state jumps (a bolus
+        dose; its sizes are the ``jumps`` of the call) or the vector field does. Each segment is solved on its own,
+        from the solution where the previous one ended plus its jump; an output at such a time is the state before
+        the jump, and the gradients run through the restarts. (A jump of the vector field in ``t`` needs no
+        declaration here: the Runge–Kutta steps shrink around it, as ``case_studies/fenrir_infusion.ipynb`` uses.)
 
     Examples
     --------
@@ -237,6 +250,7 @@ class DifferentialEquation:
         atol: float = DEFAULT_ATOL,
         max_steps: int = DEFAULT_MAX_STEPS,
         name: str = "ode",
+        discontinuities=None,
     ):
         if isinstance(func, ODE):
             for arg, value, expected in (("n_states", n_states, func.n_states), ("n_theta", n_theta, func.n_theta)):
@@ -254,7 +268,18 @@ class DifferentialEquation:
         self.ode = ode
         self.n_states, self.n_theta = ode.n_states, ode.n_theta
         self.name = name
-        self.solver = DopriSolver(ode, times, StepControl(None, rtol, atol, max_steps), label=f"{name} (DOPRI5)")
+        control = StepControl(None, rtol, atol, max_steps)
+        self.solver = DopriSolver(ode, times, control, label=f"{name} (DOPRI5)")
+        # Segments between the restarts: each its own solver (sharing the counts) over its outputs and its end,
+        # and the rows of those outputs that are ``times``.
+        self.discontinuities = declared_restarts(discontinuities, None, ode.t0, float(self.times[-1]), ode.n_states)[0]
+        self._discontinuities_argument = discontinuities
+        self.segments = []
+        if self.discontinuities.size:
+            for start, end, _, at in split_times(ode.t0, float(self.times[-1]), self.discontinuities, self.times):
+                seg_times = np.union1d(at, [end])
+                solver = DopriSolver(ode, seg_times, control, t_start=start, diagnostics=self.solver.diagnostics)
+                self.segments.append((solver, np.searchsorted(seg_times, at)))
 
     @property
     def times(self) -> np.ndarray:
@@ -265,7 +290,7 @@ class DifferentialEquation:
         """Steps, rejected steps and failed solves so far (a snapshot over this and worker processes)."""
         return self.solver.diagnostics.merged()
 
-    def __call__(self, y0, theta=None, return_sens: bool = False) -> pt.TensorVariable:
+    def __call__(self, y0, theta=None, return_sens: bool = False, jumps=None) -> pt.TensorVariable:
         """The states at ``times``, shape ``(len(times), n_states)``.
 
         Parameters
@@ -276,11 +301,26 @@ class DifferentialEquation:
             Parameters (random variables allowed); omit when ``n_theta == 0``.
         return_sens : bool
             Not supported (``pm.ode`` returned forward sensitivities; gradients here come from the adjoint).
+        jumps : array_like or TensorVariable, shape (len(discontinuities), n_states), optional
+            The state's jump at each of the ``discontinuities`` (a bolus dose; may be random):
+            ``y(t_j⁺) = y(t_j⁻) + jumps[j]``, as in :func:`pymc_pnode.solve`.
         """
         if return_sens:
             raise ValueError("return_sens=True is not supported: gradients come from the discrete adjoint")
-        ys, _, _, log_ok = DopriSolveOp(self.solver)(self.ode.y0_tensor(y0), self.ode.theta_tensor(theta))
-        return flag_failed_solve(self.name, log_ok, ys)[0]
+        y_start, theta = self.ode.y0_tensor(y0), self.ode.theta_tensor(theta)
+        if jumps is not None:
+            jumps = declared_restarts(self._discontinuities_argument, jumps, self.ode.t0, float(self.times[-1]),
+                                      self.ode.n_states)[1]
+        if not self.segments:
+            ys, _, _, log_ok = DopriSolveOp(self.solver)(y_start, theta)
+            return flag_failed_solve(self.name, log_ok, ys)[0]
+        parts, log_ok = [], 0.0
+        for s, (solver, keep) in enumerate(self.segments):
+            ys, _, _, seg_ok = DopriSolveOp(solver)(y_start, theta)
+            log_ok = log_ok + seg_ok
+            y_start = ys[-1] if jumps is None or s >= len(self.segments) - 1 else ys[-1] + jumps[s]
+            parts.append(ys[keep])
+        return flag_failed_solve(self.name, log_ok, pt.concatenate(parts))[0]
 
 
 def flag_failed_solve(name: str, log_ok: pt.TensorVariable, *outputs: pt.TensorVariable) -> list[pt.TensorVariable]:

@@ -9,7 +9,9 @@ import numpy as np
 import pytensor
 import pytensor.tensor as pt
 from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.traversal import applys_between
 from pytensor.printing import debugprint
+from pytensor.tensor.subtensor import Subtensor, get_constant_idx
 
 from pymc_pnode import _codegen, _taylor_mode
 from pymc_pnode._callbacks import CompiledFunction
@@ -142,7 +144,17 @@ class ODE:
         back to scalar operations."""
         yv = pt.stack(self._y)
         pv = pt.stack(self._p) if self._p else pt.zeros((0,), dtype="float64")
-        return func(yv, self._t, pv)
+        out = func(yv, self._t, pv)
+        outs = [pt.as_tensor_variable(o) for o in (out if isinstance(out, (list, tuple)) else [out])]
+        sizes = {id(yv): ("y", self.n_states), id(pv): ("p", self.n_theta)}
+        for node in applys_between([yv, pv], outs):  # a vector takes any constant index; numba fails much later
+            if isinstance(node.op, Subtensor) and id(node.inputs[0]) in sizes:
+                name, size = sizes[id(node.inputs[0])]
+                for index in get_constant_idx(node.op.idx_list, node.inputs, allow_partial=True):
+                    if isinstance(index, (int, np.integer)) and not -size <= index < size:
+                        raise ValueError(f"func indexes {name}[{index}] beyond its length (n_states={self.n_states}, "
+                                         f"n_theta={self.n_theta})")
+        return out
 
     def _outputs(self, out) -> list[Variable]:
         """The traced field's value as ``n_states`` scalar expressions."""

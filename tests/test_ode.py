@@ -220,10 +220,16 @@ def test_wrong_output_length_names_func():
         pn.ODE(lambda y, t, p: [y[0]], n_states=2, n_theta=0)
 
 
-@pytest.mark.parametrize("field", [lambda y, t, p: [p[2] * y[0], -y[1]], lambda y, t, p: [y[2], -y[1]]])
-def test_an_index_beyond_n_states_or_n_theta_is_named(field):
-    with pytest.raises(ValueError, match=r"func indexes y or p beyond their lengths \(n_states=2, n_theta=2\)"):
+@pytest.mark.parametrize("field, match", [
+    (lambda y, t, p: [p[2] * y[0], -y[1]], r"y or p beyond their lengths"),
+    (lambda y, t, p: [y[2], -y[1]], r"y or p beyond their lengths"),
+    (lambda y, t, p: [y.sum() * p[2], -y[1]], r"p\[2\] beyond its length"),  # y.sum(): traced on vectors
+    (lambda y, t, p: [y.sum() * y[-3], -y[1]], r"y\[-3\] beyond its length"),
+])
+def test_an_index_beyond_n_states_or_n_theta_is_named(field, match):
+    with pytest.raises(ValueError, match=match + r".*\(n_states=2, n_theta=2\)"):
         pn.ODE(field, n_states=2, n_theta=2)
+    pn.ODE(lambda y, t, p: [y.sum() * p[1], -y[-2]], n_states=2, n_theta=2)  # in range, also from the end
 
 
 @pytest.mark.parametrize("kwargs", [dict(n_states=0, n_theta=1), dict(n_states=2, n_theta=-1)])

@@ -1,7 +1,7 @@
 """Jumps of the state at declared discontinuities (``jumps=``, a bolus dose) in every solver that restarts there:
-``pn.solve``, the Fenrir likelihood, ``pn.probabilistic_solution``, the Chkrebtii layer and sampler,
-``pn.posterior_trajectories``. Test problem: oral dosing, one compartment (gut → central → elimination), a first
-dose in ``y0`` and three more, of different sizes, into the gut."""
+``pn.solve``, the Fenrir likelihood, ``pn.probabilistic_solution``, ``pn.DifferentialEquation``, the Chkrebtii layer
+and sampler, ``pn.posterior_trajectories``. Test problem: oral dosing, one compartment (gut → central →
+elimination), a first dose in ``y0`` and three more, of different sizes, into the gut."""
 
 import warnings
 
@@ -113,6 +113,28 @@ def test_probabilistic_solution_with_jumps_equals_solve_and_has_exact_gradients(
     np.testing.assert_allclose(m, reference(THETA), atol=1e-5)
     fd = _central(lambda j: f(Y0, THETA, j)[3], JUMPS)
     np.testing.assert_allclose(g_jumps, fd, rtol=1e-6, atol=1e-6 * np.abs(fd).max())
+
+
+def test_differential_equation_restarts_with_the_jumps(ode):
+    """The pm.ode drop-in (Dormand–Prince with adjoints) takes the same declaration: exact values and gradients."""
+    solution = pn.DifferentialEquation(ode, TIMES, discontinuities=DOSES)
+    theta, jumps = pt.dvector("theta"), pt.dmatrix("jumps")
+    ys = solution(y0=Y0, theta=theta, jumps=jumps)
+    weights = np.random.default_rng(4).standard_normal((TIMES.size, 2))
+    objective = pt.sum(weights * ys)
+    f = pytensor.function([theta, jumps], [ys, objective, *pt.grad(objective, [theta, jumps])])
+    values, _, g_theta, g_jumps = f(THETA, JUMPS)
+    np.testing.assert_allclose(values, reference(THETA), atol=1e-6)
+    fd_theta = _central(lambda th: f(th, JUMPS)[1], THETA)
+    fd_jumps = _central(lambda j: f(THETA, j)[1], JUMPS)
+    for grad, fd in ((g_theta, fd_theta), (g_jumps, fd_jumps)):
+        np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-5 * np.abs(fd).max())
+    # without jumps the restarts change nothing but the grid
+    plain = pn.DifferentialEquation(ode, TIMES)(y0=Y0, theta=THETA).eval()
+    restarted = solution(y0=Y0, theta=THETA).eval()
+    np.testing.assert_allclose(restarted, plain, atol=1e-6)
+    with pytest.raises(ValueError, match="jumps needs discontinuities"):
+        pn.DifferentialEquation(ode, TIMES)(y0=Y0, theta=THETA, jumps=JUMPS)
 
 
 def test_chkrebtii_layer_and_sampler_add_the_jumps(ode):

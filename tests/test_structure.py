@@ -222,11 +222,13 @@ def test_structured_ek0_fenrir_equals_dense_ek0_fenrir(chain_ode, chain_data, di
     EK0's (the same Gaussian model): the block adjoints, the shared block's accumulated adjoint and the
     per-state data filters against the dense kernel."""
     _, data = chain_data
-    args = (Y0, THETA, data, np.array([0.1, 0.2, 0.15]), 0.3 if diffusion == 0.3 else 1.0, np.linspace(1, 2, 10))
-    terms, grad = _problem(chain_ode, data, pn.EK0(3), diffusion, step).evaluate(*args)
+    args = (Y0, THETA, data, np.array([0.1, 0.2, 0.15]), 0.3 if diffusion == 0.3 else 1.0)
+    cotangent = np.linspace(1, 2, 10)
+    terms, grad = _problem(chain_ode, data, pn.EK0(3), diffusion, step).evaluate(*args, cotangent=cotangent)
     assert np.all(np.isfinite(terms)) and np.any(grad != 0.0)
     for structure in ("isotropic", "diagonal"):
-        s_terms, s_grad = _problem(chain_ode, data, pn.EK0(3, structure), diffusion, step).evaluate(*args)
+        s_terms, s_grad = _problem(chain_ode, data, pn.EK0(3, structure), diffusion, step).evaluate(
+            *args, cotangent=cotangent)
         np.testing.assert_allclose(s_terms, terms, rtol=1e-9, atol=1e-9)
         np.testing.assert_allclose(s_grad, grad, rtol=1e-7, atol=1e-9 * np.max(np.abs(grad)))
 
