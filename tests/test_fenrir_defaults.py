@@ -276,6 +276,7 @@ def test_guard_warns_on_a_coarse_step_before_sampling_and_stays_quiet_on_a_fine_
     (dict(max_steps=0), "max_steps"),
     (dict(diffusion="adaptive"), "diffusion"),
     (dict(step=-0.1), "step"),
+    (dict(step=2.5), r"step must not exceed the time span 2\.0"),  # as in pn.solve and pn.probabilistic_solution
 ])
 def test_bad_step_control_input(fhn_ode, kwargs, match):
     with pytest.raises(ValueError, match=match):

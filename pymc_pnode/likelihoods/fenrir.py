@@ -37,6 +37,7 @@ from pymc_pnode.validation import (
     validate_discontinuities,
     validate_obs_matrix,
     validate_state_selection,
+    validate_step,
     validate_times,
 )
 
@@ -157,6 +158,8 @@ class FenrirProblem:
         ode = validate_ode(ode)
         solver = validate_filter(solver, STRUCTURES, "the Fenrir likelihood")
         times = validate_times(times, "times", start=ode.t0)
+        if control.step is not None and times[-1] > ode.t0:  # (a single observation at t0 takes any step)
+            validate_step(control.step, float(times[-1]) - ode.t0)
         d = ode.n_states
         cmat = validate_obs_matrix(obs_matrix, d)
         if solver.structure != DENSE:
