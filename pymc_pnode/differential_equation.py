@@ -23,11 +23,11 @@ from pytensor.graph.op import Op
 from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import SolverDiagnostics
 from pymc_pnode.classical.dopri import dopri_backward, dopri_forward
-from pymc_pnode.discontinuities import declared_restarts, split_times
+from pymc_pnode.discontinuities import declared_restarts, restart_state, split_times
 from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS
 from pymc_pnode.likelihoods.fenrir import StepControl
 from pymc_pnode.ode import ODE
-from pymc_pnode.validation import validate_times
+from pymc_pnode.validation import validate_discontinuities, validate_times
 
 __all__ = ["DifferentialEquation", "DopriSolver", "flag_failed_solve"]
 
@@ -272,7 +272,7 @@ class DifferentialEquation:
         self.solver = DopriSolver(ode, times, control, label=f"{name} (DOPRI5)")
         # Segments between the restarts: each its own solver (sharing the counts) over its outputs and its end,
         # and the rows of those outputs that are ``times``.
-        self.discontinuities = declared_restarts(discontinuities, None, ode.t0, float(self.times[-1]), ode.n_states)[0]
+        self.discontinuities = validate_discontinuities(discontinuities, ode.t0, float(self.times[-1]))
         self._discontinuities_argument = discontinuities
         self.segments = []
         if self.discontinuities.size:
@@ -318,7 +318,7 @@ class DifferentialEquation:
         for s, (solver, keep) in enumerate(self.segments):
             ys, _, _, seg_ok = DopriSolveOp(solver)(y_start, theta)
             log_ok = log_ok + seg_ok
-            y_start = ys[-1] if jumps is None or s >= len(self.segments) - 1 else ys[-1] + jumps[s]
+            y_start = restart_state(ys[-1], jumps, s)
             parts.append(ys[keep])
         return flag_failed_solve(self.name, log_ok, pt.concatenate(parts))[0]
 

@@ -96,6 +96,14 @@ def declared_restarts(discontinuities, jumps, start: float, end: float, n_states
     return times[:n_kept], np.ascontiguousarray(arr[:n_kept])
 
 
+def restart_state(end_value, jumps, s: int):
+    """Where segment ``s + 1`` starts: ``end_value`` (where segment ``s`` ended) plus row ``s`` of the state's
+    ``jumps`` (from :func:`declared_restarts`: ``None``, an array, or a tensor of static shape); ``end_value`` itself
+    without jumps or after the last segment."""
+    n_jumps = 0 if jumps is None else (jumps.type.shape[0] if isinstance(jumps, Variable) else len(jumps))
+    return end_value if s >= n_jumps else end_value + jumps[s]
+
+
 def segment_of(times: np.ndarray, discontinuities: np.ndarray) -> np.ndarray:
     """The segment of each time: a time at a jump belongs to the segment that ends there (the solution is
     continuous; only its derivative jumps)."""

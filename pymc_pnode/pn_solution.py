@@ -25,7 +25,7 @@ from pytensor.tensor.linalg import block_diag
 from pymc_pnode._jit import readonly, register_numba
 from pymc_pnode.accuracy import RESCALE, SolverDiagnostics, needs_rounding_check, reproducible
 from pymc_pnode.differential_equation import flag_failed_solve
-from pymc_pnode.discontinuities import declared_restarts, split_times
+from pymc_pnode.discontinuities import declared_restarts, restart_state, split_times
 from pymc_pnode.filtering.odefilter import DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.structure import STRUCTURES
 from pymc_pnode.filtering.tangents import (
@@ -45,7 +45,7 @@ from pymc_pnode.solve import (
     validate_filter,
     validate_ode,
 )
-from pymc_pnode.validation import validate_times
+from pymc_pnode.validation import validate_step, validate_times
 
 __all__ = ["PNSolutionProblem", "probabilistic_solution"]
 
@@ -349,8 +349,8 @@ def probabilistic_solution(
     if joint_cov and not smooth:
         raise ValueError("joint_cov=True needs smooth=True: the covariance across times is the smoothing posterior's")
     control = StepControl(step, rtol, atol, max_steps)  # validates them now, naming the argument
-    if step is not None and step > times[-1] - ode.t0:
-        raise ValueError(f"step must not exceed the time span times[-1] - t0 = {times[-1] - ode.t0!r}, got {step!r}")
+    if step is not None:
+        validate_step(step, float(times[-1]) - ode.t0)
     disc, jumps = declared_restarts(discontinuities, jumps, ode.t0, float(times[-1]), ode.n_states)
     settings = dict(solver=solver, rtol=control.rtol, atol=control.atol, max_steps=int(control.max_steps),
                     diffusion=DIFFUSION_ARGUMENTS.get(mode, kappa),
@@ -365,7 +365,7 @@ def probabilistic_solution(
                                     **settings)
         seg_mean, seg_std, seg_cov, *_, seg_ok = PNSolutionOp(problem)(y_start, theta_t)
         log_ok = seg_ok if log_ok is None else log_ok + seg_ok
-        y_start = seg_mean[-1] if jumps is None or s >= disc.size else seg_mean[-1] + jumps[s]
+        y_start = restart_state(seg_mean[-1], jumps, s)
         keep = np.searchsorted(seg_times, at)
         if keep.size < seg_times.size:  # the segment's end is not an output time
             rows = (keep[:, None] * ode.n_states + np.arange(ode.n_states)).ravel()

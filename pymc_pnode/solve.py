@@ -13,7 +13,7 @@ import numpy as np
 
 from pymc_pnode._jit import readonly
 from pymc_pnode.accuracy import AccuracyWarning, suggested_step
-from pymc_pnode.discontinuities import declared_restarts, segment_of, split_times
+from pymc_pnode.discontinuities import declared_restarts, restart_state, segment_of, split_times
 from pymc_pnode.filtering.calibration import global_kappa
 from pymc_pnode.filtering.odefilter import (
     DIFFUSION_FIXED,
@@ -521,7 +521,7 @@ def _solve_piecewise(ode: ODE, y0: np.ndarray, theta: np.ndarray, t_span: tuple[
         pieces.append((sol, outputs))
         if not sol.success:
             break
-        y_start = np.asarray(sol.mean[-1]) + (0.0 if jumps is None or s >= len(jumps) else jumps[s])
+        y_start = restart_state(np.asarray(sol.mean[-1]), jumps, s)
     return PiecewiseSolution(ode, options["solver"], discontinuities, np.concatenate(times), pieces,
                              len(pieces) == len(bounds))
 

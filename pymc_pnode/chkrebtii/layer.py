@@ -12,6 +12,7 @@ from pytensor.graph.basic import Constant
 from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.ops import CovarianceStructureOp, RecursionOp
 from pymc_pnode.chkrebtii.problem import discretisation, positive_parameter, segments
+from pymc_pnode.discontinuities import restart_state
 from pymc_pnode.ode import ODE, vector_tensor
 
 __all__ = ["ChkrebtiiSolution", "INNOVATIONS_TAG"]
@@ -180,9 +181,7 @@ def ChkrebtiiSolution(  # noqa: N802 - a PyMC model block, named like a distribu
             y_start, theta_t, z[first:first + n_steps], zt, lb, ginf, gn, sd_scaled, hh, lt_scaled, w
         )
         first += n_steps + n_out
-        y_start = u_seg[-1]  # the next segment restarts where this one ended (its last output time)
-        if jumps is not None and s < len(pieces) - 1:
-            y_start = y_start + jumps[s]
+        y_start = restart_state(u_seg[-1], jumps, s)  # the next segment restarts where this one ended (its end)
         parts.append(u_seg if keep is None else u_seg[keep])
         failed = failed + failed_seg
     u = parts[0] if len(parts) == 1 else pt.concatenate(parts)

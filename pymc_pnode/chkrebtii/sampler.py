@@ -12,6 +12,7 @@ from pymc_pnode.chkrebtii.delay import DelayODE
 from pymc_pnode.chkrebtii.problem import Discretisation, discretisation, field_spec, positive_parameter, segments
 from pymc_pnode.chkrebtii.recursion import Innovations, forward
 from pymc_pnode.chkrebtii.structure import Weights, covariance_structure
+from pymc_pnode.discontinuities import restart_state
 from pymc_pnode.ode import ODE
 
 __all__ = ["chkrebtii_covariance", "chkrebtii_sample"]
@@ -127,9 +128,7 @@ def chkrebtii_sample(
             out, outm, _, _, _, status = forward.entry_point(*spec.functions, setting, weights, innovations)
             if status != 0:
                 break
-            y_start = out[-1].copy()  # the next segment restarts from this realisation where it ended
-            if jumps is not None and s < len(jumps):
-                y_start += jumps[s]
+            y_start = restart_state(out[-1].copy(), jumps, s)  # the next restarts from this realisation's end
             parts.append((out, outm) if keep is None else (out[keep], outm[keep]))
         if status != 0:
             failed += 1

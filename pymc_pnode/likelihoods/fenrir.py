@@ -23,7 +23,7 @@ from pytensor.tensor.rewriting.basic import register_specialize
 
 from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import RESCALE, AccuracyWarning, SolverDiagnostics, needs_rounding_check, reproducible
-from pymc_pnode.discontinuities import declared_restarts, split_times
+from pymc_pnode.discontinuities import declared_restarts, restart_state, split_times
 from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, FenrirArguments, FenrirFunctions, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS, Stepping
@@ -305,8 +305,7 @@ class FenrirProblem:
             results.append(result)
             if not result.ok:
                 return results
-            if not last:
-                starts.append(np.ascontiguousarray(result.y_end + jumps[i]))
+            starts.append(np.ascontiguousarray(restart_state(result.y_end, jumps, i)))
         if want_grad:
             for i in range(len(self.segments) - 2, -1, -1):
                 end_cotangent = np.ascontiguousarray(results[i + 1].grad[:d])
@@ -539,8 +538,9 @@ def _prepare(ode, times, data, obs_matrix, obs_sigma, diffusion, solver, control
         raise ValueError("data must be finite or NaN (missing); it contains ±inf")
     # A calibrated diffusion is computed by the kernel; the Op's κ input is then an unused placeholder.
     kappa = pt.as_tensor_variable(diffusion if mode == DIFFUSION_FIXED else 1.0, dtype="float64")
-    _, jumps = declared_restarts(problem_options.get("discontinuities"), jumps, ode.t0, float(problem.times[-1]),
-                                 problem.ode.n_states)
+    if jumps is not None:  # (the discontinuities themselves were validated with the problem)
+        jumps = declared_restarts(problem_options.get("discontinuities"), jumps, ode.t0, float(problem.times[-1]),
+                                  problem.ode.n_states)[1]
     return problem.with_missing(missing), np.where(missing, 0.0, arr), sigma, kappa, jumps
 
 
