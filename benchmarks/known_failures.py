@@ -1,10 +1,10 @@
-"""Two ways the Fenrir defaults go wrong (found 2026-11-28 by a robustness sweep; the first now warns; not fixed).
+"""Two ways the Fenrir defaults go wrong (found 2026-11-28 by a robustness sweep; the first is now flagged; not fixed).
 
 1. **A state that starts far below ``atol`` and grows** (an epidemic from a small seed): SIR on counts, β = 3e-4,
    γ = 0.1, S0 = 1000, I observed every 5 days with σ = 5, data drawn with no outbreak in them. From I0 = 1e-5 the
    exact solution reaches I = 299; the default Fenrir likelihood (rtol 1e-4, atol 1e-6) follows a solution that
-   never takes off and returns the value for I ≡ 0, thousands of nats above the exact one (the package now warns
-   when y0 has a nonzero entry within 1000 × atol of zero). Classical solvers, and ``pn.solve`` with its one-pass
+   never takes off and returns the value for I ≡ 0, thousands of nats above the exact one (the quadrature check
+   now flags it: the "flagged" column, ``pn.AccuracyWarning``). Classical solvers, and ``pn.solve`` with its one-pass
    local diffusion, follow the epidemic at the same tolerances; on the grid that the local filter chooses, the
    two-pass likelihood is still wrong (``two_pass_on_the_local_grid``): the calibration from the unit-diffusion
    pass, not the grid, loses the epidemic. Printed: the value against the exact one for several I0 and settings.
@@ -51,8 +51,8 @@ def small_seed() -> list[str]:
     theta, times, sigma = np.array([3e-4, 0.1]), np.arange(5.0, 105.0, 5.0), 5.0
     data = sigma * np.random.default_rng(0).standard_normal(times.size)  # a season without an outbreak
     ode = pn.ODE(sir, n_states=3, n_theta=2)
-    rows = ["| I0 | settings | exact log-likelihood | Fenrir − exact [nats] | exact max I "
-            "| `pn.solve` (local κ) max I |", "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| I0 | settings | exact log-likelihood | Fenrir − exact [nats] | flagged (`pn.AccuracyWarning`) | exact "
+            "max I | `pn.solve` (local κ) max I |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for i0 in (1e-3, 1e-5, 1e-7, 1e-9):
         y0 = [1000.0, i0, 0.0]
         ref = solve_ivp(lambda t, y: sir(y, t, theta), (0, 100), y0, method="DOP853", t_eval=times, rtol=1e-12,
@@ -60,9 +60,12 @@ def small_seed() -> list[str]:
         exact = norm.logpdf(data, ref[1], sigma).sum()
         solved = pn.solve(ode, y0, theta, (0, 100), save_at=times, rtol=1e-4, atol=1e-6)
         for label, kwargs in (("defaults", {}), ("atol 1e-9", dict(atol=1e-9)), ("step 0.1", dict(step=0.1))):
-            value = float(pn.fenrir_loglik(ode, y0, theta, times, data, obs_matrix=[[0, 1, 0]], obs_sigma=sigma,
-                                           **kwargs).eval())
-            rows.append(f"| {i0:g} | {label} | {exact:.2f} | {value - exact:+.3g} | {ref[1].max():.1f} | "
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", pn.AccuracyWarning)
+                value = float(pn.fenrir_loglik(ode, y0, theta, times, data, obs_matrix=[[0, 1, 0]], obs_sigma=sigma,
+                                               **kwargs).eval())
+            flagged = "yes" if any(issubclass(w.category, pn.AccuracyWarning) for w in caught) else "no"
+            rows.append(f"| {i0:g} | {label} | {exact:.2f} | {value - exact:+.3g} | {flagged} | {ref[1].max():.1f} | "
                         f"{solved.mean[:, 1].max():.1f} |")
     return rows
 

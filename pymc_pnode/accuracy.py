@@ -151,8 +151,11 @@ class SolverDiagnostics:
         Accepted and rejected solver steps, summed over evaluations (``n_rejected`` is zero for fixed
         steps).
     n_over_tolerance : int
-        Fixed-step evaluations whose largest scaled local error estimate exceeded 1, i.e. whose step
-        misses ``rtol``/``atol`` somewhere on the grid.
+        Evaluations that miss ``rtol``/``atol`` somewhere on the grid: a fixed step whose largest scaled local
+        error estimate exceeds 1, or (either kind of step) a solution whose means disagree with their own
+        derivative states by more than the tolerances over some step
+        (:func:`~pymc_pnode.filtering.calibration.quadrature_defect`: a failure that the local error estimate
+        does not see, e.g. a state far below ``atol`` that grows). Warns (once).
     n_failed : int
         Evaluations that returned ``-inf``: non-finite values, a diverging fixed step, ``max_steps``
         reached or a collapsing adaptive step. Fixed-step failures warn too (once), as inside a sampler
@@ -168,7 +171,7 @@ class SolverDiagnostics:
         errors (:func:`reproducible`; ``docs/fenrir.md``, "Gradients on strongly unstable invariant sets").
         Warns with either kind of step. (A Fenrir value computed without its gradient is not checked.)
     max_error : float
-        Largest scaled local error estimate seen (``≤ 1`` means within tolerance).
+        Largest scaled local error estimate or quadrature defect seen (``≤ 1`` means within tolerance).
     suggested_step : float or None
         For fixed steps: a step that the error estimates suggest would meet the tolerances at every
         parameter value seen, ``step · min(1, 0.9 E_max^{-1/(q+1)})`` (the step-size rule of Hairer,
@@ -279,7 +282,7 @@ class SolverDiagnostics:
     def _warning_counts(self) -> tuple[int, int, int]:
         """The counts that warn: a fixed step's misses and failures, and refused gradients (any step)."""
         if self.step is None:  # error control fails only without a solution over the span (or at max_steps)
-            return 0, 0, self.n_unreliable_gradient
+            return self.n_over_tolerance, 0, self.n_unreliable_gradient
         return self.n_over_tolerance, self.n_failed, self.n_unreliable_gradient
 
     def record(self, n_steps: int, n_rejected: int, max_error: float, failed: bool, warn: bool = True,
@@ -311,7 +314,7 @@ class SolverDiagnostics:
                 return
         else:
             self.max_error = max(self.max_error, float(max_error))
-            if self.step is None or max_error <= 1.0:
+            if max_error <= 1.0:
                 return
             self.n_over_tolerance += 1
         if warn and not self._warned:
@@ -328,9 +331,18 @@ class SolverDiagnostics:
             parts.append(
                 f"the fixed step {self.step:g} misses the tolerances at {self.n_over_tolerance} and fails (-inf: "
                 f"non-finite, diverging or over max_steps) at {self.n_failed - self.n_unreliable_gradient} of "
-                f"{self.n_evaluations} evaluations so far{why} (largest scaled local error "
+                f"{self.n_evaluations} evaluations so far{why} (largest scaled local error or quadrature defect "
                 f"{self.max_error:.3g}; 1 = at tolerance). Where it misses them the likelihood or solution can be "
                 f"far from the exact one. {advice}"
+            )
+        if self.step is None and self.n_over_tolerance:
+            parts.append(
+                f"the error-controlled solution misses the tolerances at {self.n_over_tolerance} of "
+                f"{self.n_evaluations} evaluations so far: over some step its means disagree with their own "
+                f"derivatives by up to {self.max_error:.3g} × the tolerance, which the step's error estimate does not "
+                f"see (docs/fenrir.md, 'The quadrature check'). There the likelihood or solution can be far from the "
+                f"exact one (thousands of nats where a state far below atol grows, e.g. an epidemic from a small "
+                f"seed). Use a fixed step (checked in the same way at every evaluation), or smaller rtol and atol."
             )
         if self.step is None and self.n_failed > self.n_unreliable_gradient:
             advice = "" if "jump of the vector field in t" in (self.last_failure or "") else (

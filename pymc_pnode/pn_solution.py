@@ -129,7 +129,8 @@ class PNSolutionProblem:
         if needs_rounding_check(rounding):
             again = self._jacobians(sol, theta, seeds * RESCALE)
             refused = not reproducible((jac_mean, jac_std, jac_cov), (again[0], again[1], again[3]))
-        self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], sol.stats["max_error"], failed=refused,
+        accuracy = max(sol.stats["max_error"], sol.stats["max_defect"])
+        self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], accuracy, failed=refused,
                                 unreliable_gradient=refused)
         if refused:
             return self._failed(sol, y0)

@@ -14,7 +14,7 @@ import numpy as np
 from pymc_pnode._jit import readonly
 from pymc_pnode.accuracy import AccuracyWarning, suggested_step
 from pymc_pnode.discontinuities import declared_restarts, restart_state, segment_of, split_times
-from pymc_pnode.filtering.calibration import global_kappa
+from pymc_pnode.filtering.calibration import global_kappa, quadrature_defect
 from pymc_pnode.filtering.odefilter import (
     DIFFUSION_FIXED,
     DIFFUSION_GLOBAL,
@@ -192,7 +192,9 @@ class ProbabilisticSolution:
     stats : dict
         ``n_steps`` (accepted), ``n_rejected``, ``n_f_evals``, ``success``, ``status``,
         ``message``, ``t_final`` (the last time reached), the calibrated ``diffusion`` (the mean over the steps for
-        the local one) and ``max_error``, the largest scaled local error estimate of a step (1 = at the tolerances).
+        the local one), ``max_error``, the largest scaled local error estimate of a step (1 = at the tolerances),
+        and ``max_defect``, the largest scaled disagreement of the means with their own derivatives over a step
+        (:func:`~pymc_pnode.filtering.calibration.quadrature_defect`; 1 = at the tolerances).
     run : ForwardRun
         The filter on its grid (:data:`pymc_pnode.filtering.odefilter.ForwardRun`): ``grid``, filter means
         ``mu`` and right square roots ``r`` of the covariances (``(N, D, D)``, or ``(N, n_blocks, q+1, q+1)`` for
@@ -411,7 +413,7 @@ class PiecewiseSolution:
     stats : dict
         Sums of ``n_steps``, ``n_rejected`` and ``n_f_evals``; ``success``, ``status`` and ``message`` of the first
         segment that failed (a failed segment ends the solve); ``t_final``; ``diffusion``: one per segment;
-        ``max_error``: the largest over the segments.
+        ``max_error`` and ``max_defect``: the largest over the segments.
     pieces : list of tuple
         ``(solution, outputs)`` per segment solved: its :class:`ProbabilisticSolution` and the indices of its
         outputs that are outputs of the whole solve.
@@ -434,6 +436,7 @@ class PiecewiseSolution:
             "diffusion": tuple(float(sol.stats["diffusion"]) for sol in sols),
             "t_final": float(sols[-1].stats["t_final"]),
             "max_error": max(float(sol.stats["max_error"]) for sol in sols),
+            "max_defect": max(float(sol.stats["max_defect"]) for sol in sols),
         })
 
     @property
@@ -597,6 +600,11 @@ def solve(
         tolerances). A fixed step is checked against ``rtol``/``atol`` too: where it misses them an
         :class:`~pymc_pnode.AccuracyWarning` says so and suggests a step (on Van der Pol, μ = 5, the fixed step
         0.05 gives a mean off by 2.6 with errors of 50 standard deviations; ``benchmarks/solve_calibration.py``).
+        With either kind of step the filtered means are also checked against their own derivatives
+        (``stats["max_defect"]``, the quadrature check of ``docs/fenrir.md``); where they disagree by more than the
+        tolerances an :class:`~pymc_pnode.AccuracyWarning` says so (e.g. ``diffusion="calibrated"`` with
+        error-controlled steps, whose means move against their derivatives on SIR, FitzHugh–Nagumo and Van der
+        Pol: ``benchmarks/known_failures.py``).
         Adaptive solves fail when the step size collapses or ``max_steps`` is reached; fixed-step
         solves fail at the first step whose predictor–corrector difference or integrated residual
         is as large as the solution itself
@@ -618,6 +626,12 @@ def solve(
             f"local error estimate {sol.stats['max_error']:.3g}; 1 = at tolerance): the mean can be far from the "
             f"solution and its standard deviations too small. Use step={suggestion:.3g} or smaller, or step=None "
             f"for error-controlled steps.", AccuracyWarning, stacklevel=2)
+    elif sol.success and sol.stats["max_defect"] > 1.0:
+        warnings.warn(
+            f"pn.solve: the filtered means disagree with their own derivatives by up to {sol.stats['max_defect']:.3g} "
+            f"× the tolerances rtol={rtol:g}, atol={atol:g} over a step (the quadrature check, docs/fenrir.md), which "
+            f"the step's error estimate does not see: the mean can be far from the solution. Use smaller rtol and "
+            f"atol, the local diffusion, or a finer fixed step.", AccuracyWarning, stacklevel=2)
     return sol
 
 
@@ -684,5 +698,6 @@ def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | N
         "diffusion": float(sigma2),
         "t_final": float(run.grid[-1]),
         "max_error": float(counts.max_error),
+        "max_defect": float(quadrature_defect(run.grid, run.mu, q, d, float(rtol), float(atol))),
     }
     return ProbabilisticSolution(ode, theta, solver, run, out_index, stats, smooth)

@@ -222,9 +222,11 @@ def _susceptible_infected(y, t, p):
     return [-infections, infections - p[1] * y[1]]
 
 
-def test_a_state_starting_within_1000_atol_of_zero_warns():
-    """The known failure of error control (docs/fenrir.md): an epidemic from a seed near atol is lost silently. The
-    value is thousands of nats off here; the defaults now say so, and a small atol gives the exact value."""
+def test_a_solution_moving_against_its_derivatives_is_counted_and_warned():
+    """The known failure of error control (docs/fenrir.md): an epidemic from a seed far below atol is lost, and the
+    value is thousands of nats off, while every step's error estimate is within the tolerance. The a-posteriori
+    quadrature check of the solution's means sees it: counted over the tolerance and warned. Quiet where the
+    value is right (a smaller atol, a larger seed)."""
     ode = pn.ODE(_susceptible_infected, n_states=2, n_theta=2)
     theta, times, sigma = np.array([3e-4, 0.1]), np.arange(5.0, 105.0, 5.0), 5.0
     data = sigma * np.random.default_rng(0).standard_normal(times.size)
@@ -232,19 +234,37 @@ def test_a_state_starting_within_1000_atol_of_zero_warns():
     def values(i0, **kwargs):
         ref = solve_ivp(lambda t, y: _susceptible_infected(y, t, theta), (0, 100), [1000.0, i0], method="DOP853",
                         t_eval=times, rtol=1e-12, atol=1e-20).y[1]
-        ll = pn.fenrir_loglik(ode, [1000.0, i0], theta, times, data, obs_matrix=[[0.0, 1.0]], obs_sigma=sigma,
-                              **kwargs)
-        return float(ll.eval()), norm.logpdf(data, ref, sigma).sum()
+        with pm.Model() as model:
+            pn.Fenrir("I", ode, y0=[1000.0, i0], theta=theta, times=times, observed=data, obs_matrix=[[0.0, 1.0]],
+                      obs_sigma=sigma, check_accuracy=False, **kwargs)
+        value = float(model.compile_logp()({}))
+        return value, norm.logpdf(data, ref, sigma).sum(), pn.fenrir_diagnostics(model)["I"]
 
-    with pytest.warns(pn.AccuracyWarning, match=r"y0\[1\] = 1e-05 is nonzero but within 1000 × atol"):
-        value, exact = values(1e-5)
-    assert abs(value - exact) > 1000  # the failure the warning is about (+5,200 nats measured)
+    with pytest.warns(pn.AccuracyWarning, match=r"misses the tolerances at 1 of 1 evaluations so far: over some "
+                      r"step its means disagree with their own derivatives"):
+        value, exact, counts = values(1e-5)
+    assert abs(value - exact) > 1000  # the failure the warning is about (5,200 nats measured)
+    assert counts.n_over_tolerance == 1 and counts.max_error > 100
     with warnings.catch_warnings():
         warnings.simplefilter("error", pn.AccuracyWarning)
-        value, exact = values(1e-5, atol=1e-9)  # the remedy the warning suggests
-        assert value == pytest.approx(exact, abs=0.05)
-        value, exact = values(1e-2)
-        assert value == pytest.approx(exact, abs=0.05)
+        for i0, kwargs in ((1e-5, dict(atol=1e-9)), (1e-2, {})):
+            value, exact, counts = values(i0, **kwargs)
+            assert value == pytest.approx(exact, abs=0.05)
+            assert counts.n_over_tolerance == 0 and counts.max_error <= 1.0
+
+
+def test_quadrature_defect_is_small_for_a_consistent_mean_and_sees_one_that_is_not():
+    """The check's own truncation error is below the filter's: exact Taylor coefficients of y = exp(t) on a grid of
+    step 0.1 give a defect far below 1 at rtol 1e-8 (q = 1, 2, 3 use the trapezoidal, Euler–Maclaurin and Hermite
+    rules); a mean that moves by 1e-6 too much in one step is 100 × the tolerance at rtol 1e-8."""
+    from pymc_pnode.filtering.calibration import quadrature_defect
+
+    grid = np.linspace(0.0, 1.0, 11)
+    for q, tol in ((1, 1e-3), (2, 1e-6), (3, 1e-8)):
+        mu = np.repeat(np.exp(grid)[:, None], q + 1, axis=1)  # every derivative of exp(t) is exp(t)
+        assert quadrature_defect(grid, mu, q, 1, tol, 0.0) < 0.1, q
+    mu[6, 0] += 1e-6 * np.exp(grid[6])
+    assert quadrature_defect(grid, mu, 3, 1, 1e-8, 0.0) == pytest.approx(100.0, rel=0.01)
 
 
 def test_guard_warns_on_a_coarse_step_before_sampling_and_stays_quiet_on_a_fine_one(fhn_ode):

@@ -35,6 +35,7 @@ from pymc_pnode.filtering.calibration import (
     global_kappa,
     local_error_work,
     local_kappa_adjoint,
+    quadrature_defect,
 )
 from pymc_pnode.filtering.data_update import (
     ObservationModel,
@@ -651,7 +652,9 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
 
         Returns ``(terms, grad, ok, info, grid, y_end)`` with the solver grid, the solution mean ``y_end`` at
         the last stop and ``info = [largest scaled local error of an accepted step, κ used, accepted steps,
-        rejected steps, status]`` (status codes of ``stepping``); ``ok`` is False when the solve failed:
+        rejected steps, status, rounding bound of the reverse sweep, largest scaled quadrature defect of the
+        means the likelihood used]`` (status codes of ``stepping``; the defect:
+        :func:`~pymc_pnode.filtering.calibration.quadrature_defect`); ``ok`` is False when the solve failed:
         non-finite values, a fixed step that fails :func:`~pymc_pnode.filtering.stepping.fixed_step_failed`,
         ``max_steps`` reached, a collapsing step or a jump of ``f`` in ``t``.
         """
@@ -663,7 +666,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
         n_obs = args.data.shape[0]
         terms = np.zeros(n_obs)
         grad = np.zeros(d + k + args.n_sigma + 1)
-        info = np.zeros(6)
+        info = np.zeros(7)
         y_end = np.zeros(d)
         field = VectorField(rhs, jac_y, theta, args.ek1)
 
@@ -702,6 +705,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
                 info[4] = STATUS_NONFINITE
                 return terms, grad, False, info, stops[:1], y_end
         y_end[:] = run.mu[n_pts - 1, :d]
+        info[6] = quadrature_defect(run.grid, run.mu, q, d, c.rtol, c.atol)
         obs_at = np.empty(n_pts, dtype=np.int64)
         stop, stop_obs = run.stop, args.stop_obs
         for n in range(n_pts):

@@ -53,11 +53,6 @@ DEFAULT_MEMORY_BUDGET = 2.0**30
 # Closest allowed stops (t0, observation times and discontinuities), relative to the time span: a step ~1e-8 of
 # the span after one ~1e-2 makes the filter's covariances ill-conditioned (likelihoods off by hundreds of nats).
 MIN_RELATIVE_GAP = 1e-6
-# An initial state this many times atol or closer to zero (but not zero) is in the regime where error control has lost a
-# growing state (an epidemic from I0 = 1e-5 at atol 1e-6, and from 1e-7 at atol 1e-9: docs/fenrir.md, "Known failures";
-# benchmarks/known_failures.py); at 1e3 and 1e4 times atol the same solves were right.
-SMALL_START = 1e3
-_WARNED_SMALL_START: "weakref.WeakSet[FenrirProblem]" = weakref.WeakSet()
 
 
 @dataclass(frozen=True, eq=False)
@@ -314,23 +309,6 @@ class FenrirProblem:
                     return results[: i + 1]
         return results
 
-    def _warn_small_start(self, y0: np.ndarray) -> None:
-        """Warn (once per problem and process) when a state starts nonzero but within ``SMALL_START · atol`` of zero:
-        the error control may then lose a state that grows from there, silently (a known failure)."""
-        atol = self.control.atol
-        small = np.flatnonzero((y0 != 0.0) & (np.abs(y0) < SMALL_START * atol))
-        if small.size == 0 or self in _WARNED_SMALL_START:
-            return
-        _WARNED_SMALL_START.add(self)
-        i = int(small[0])
-        warnings.warn(
-            f"{self.diagnostics.label}: y0[{i}] = {y0[i]:.3g} is nonzero but within {SMALL_START:g} × atol (atol="
-            f"{atol:g}) of zero. Error control has lost states that grow from such starts (an epidemic from a small "
-            f"seed), and the likelihood was then thousands of nats wrong without notice (docs/fenrir.md, 'Known "
-            f"failures'). Set atol below "
-            f"{abs(y0[i]) / SMALL_START:.3g}, or use a fixed step (checked by the accuracy guard).",
-            AccuracyWarning, stacklevel=4)
-
     def _evaluate(self, y0, theta, data, sigma, kappa, jumps, cotangent, diagnostics, warn):
         """:meth:`evaluate`, and the solver grid."""
         ode = self.ode
@@ -351,8 +329,6 @@ class FenrirProblem:
         if jumps.size != self.n_jumps * ode.n_states:
             raise ValueError(f"jumps must have shape {jump_shape}, got {jumps.shape}")
         jumps = jumps.reshape(jump_shape)
-        if self.control.adaptive:
-            self._warn_small_start(y0)
         want_grad = cotangent is not None
         cot = np.require(cotangent, np.float64, ["C", "W"]).reshape(-1) if want_grad else np.zeros(0)
         ok = (kappa > 0 and np.all(sigma_full > 0) and np.all(np.isfinite(y0)) and np.all(np.isfinite(theta))
@@ -378,7 +354,7 @@ class FenrirProblem:
             # a jump adds to the next segment's starting value: its gradient is that segment's y0 part
             grad = np.concatenate([grad] + [r.grad[:ode.n_states] for r in results[1:]])
             grid = np.concatenate([r.grid for r in results])
-            max_err = max(r.info[0] for r in results)
+            max_err = max(max(r.info[0], r.info[6]) for r in results)  # local error, quadrature defect
             n_steps, n_rejected = (int(sum(r.info[j] for r in results)) for j in (2, 3))
             failure = next((r.failure for r in results if r.failure), "")
             unreliable = any(r.unreliable for r in results)
@@ -800,7 +776,7 @@ def fenrir_diagnostics(model: pm.Model | None = None) -> dict[str, SolverDiagnos
     -------
     dict
         ``{name: SolverDiagnostics}`` with steps taken, rejected steps, evaluations over the
-        tolerance, failed (``-inf``) solves, the largest scaled local error and a suggested step.
+        tolerance, failed (``-inf``) solves, the largest scaled local error or quadrature defect and a suggested step.
     """
     model = pm.modelcontext(model)
     return {name: counts.merged() for name, counts in _DIAGNOSTICS.get(model, {}).items()}
@@ -827,7 +803,7 @@ def _check_accuracy_before_sampling(model, problem: FenrirProblem, filled, param
             f"{probe.label}: {where}, the fixed step "
             f"{probe.step:g} misses the tolerances (rtol={problem.control.rtol:g}, atol={problem.control.atol:g}) "
             f"in {probe.n_over_tolerance} and fails (-inf) in {probe.n_failed} of {probe.n_evaluations} "
-            f"evaluations (largest scaled local error {probe.max_error:.3g}). "
+            f"evaluations (largest scaled local error or quadrature defect {probe.max_error:.3g}). "
             + (f"Use step={probe.suggested_step:.3g} or smaller, or " if probe.suggested_step else "Use ")
             + "step=None for error-controlled steps.",
             AccuracyWarning,
