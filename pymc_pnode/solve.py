@@ -49,6 +49,9 @@ from pymc_pnode.validation import (
 __all__ = ["EK0", "EK1", "ODEFilter", "PiecewiseSolution", "ProbabilisticSolution", "solve", "validate_filter",
            "validate_ode"]
 
+# Defaults of pn.solve (also of pn.posterior_trajectories, which solves once per draw).
+SOLVE_RTOL, SOLVE_ATOL, SOLVE_MAX_STEPS = 1e-6, 1e-9, 100_000
+
 
 # One independent group of states of a solve: the states, their filter run and their smoothing posterior.
 SmoothingGroup = namedtuple("SmoothingGroup", ["states", "run", "smoothed"])
@@ -537,12 +540,12 @@ def solve(
     *,
     solver: ODEFilter | None = None,
     step: float | None = None,
-    rtol: float = 1e-6,
-    atol: float = 1e-9,
+    rtol: float = SOLVE_RTOL,
+    atol: float = SOLVE_ATOL,
     save_at=None,
     diffusion: str | float | None = None,
     smooth: bool = True,
-    max_steps: int = 100_000,
+    max_steps: int = SOLVE_MAX_STEPS,
     discontinuities=None,
     jumps=None,
 ) -> ProbabilisticSolution | PiecewiseSolution:
@@ -619,20 +622,31 @@ def solve(
     sol = solve_without_warnings(ode, y0, theta, t_span, solver=solver, step=step, rtol=rtol, atol=atol,
                                  save_at=save_at, diffusion=diffusion, smooth=smooth, max_steps=max_steps,
                                  discontinuities=discontinuities, jumps=jumps)
-    suggestion = None if step is None else suggested_step(step, sol.stats["max_error"], sol.solver.order)
-    if suggestion is not None and sol.success:
-        warnings.warn(
-            f"pn.solve: the fixed step {step:g} misses the tolerances rtol={rtol:g}, atol={atol:g} (largest scaled "
-            f"local error estimate {sol.stats['max_error']:.3g}; 1 = at tolerance): the mean can be far from the "
-            f"solution and its standard deviations too small. Use step={suggestion:.3g} or smaller, or step=None "
-            f"for error-controlled steps.", AccuracyWarning, stacklevel=2)
-    elif sol.success and sol.stats["max_defect"] > 1.0:
-        warnings.warn(
-            f"pn.solve: the filtered means disagree with their own derivatives by up to {sol.stats['max_defect']:.3g} "
-            f"× the tolerances rtol={rtol:g}, atol={atol:g} over a step (the quadrature check, docs/fenrir.md), which "
-            f"the step's error estimate does not see: the mean can be far from the solution. Use smaller rtol and "
-            f"atol, the local diffusion, or a finer fixed step.", AccuracyWarning, stacklevel=2)
+    problem = accuracy_problem(sol, step, rtol, atol)
+    if problem:
+        warnings.warn(f"pn.solve: {problem}", AccuracyWarning, stacklevel=2)
     return sol
+
+
+def accuracy_problem(sol: ProbabilisticSolution | PiecewiseSolution, step: float | None, rtol: float,
+                     atol: float) -> str:
+    """What is wrong with the accuracy of a successful solve (empty if nothing): a fixed step that misses the
+    tolerances (its local error estimates), or means that disagree with their own derivatives (the quadrature
+    check, :func:`~pymc_pnode.filtering.calibration.quadrature_defect`)."""
+    if not sol.success:
+        return ""
+    suggestion = None if step is None else suggested_step(step, sol.stats["max_error"], sol.solver.order)
+    if suggestion is not None:
+        return (f"the fixed step {step:g} misses the tolerances rtol={rtol:g}, atol={atol:g} (largest scaled local "
+                f"error estimate {sol.stats['max_error']:.3g}; 1 = at tolerance): the mean can be far from the "
+                f"solution and its standard deviations too small. Use step={suggestion:.3g} or smaller, or step=None "
+                f"for error-controlled steps.")
+    if sol.stats["max_defect"] > 1.0:
+        return (f"the filtered means disagree with their own derivatives by up to {sol.stats['max_defect']:.3g} × the "
+                f"tolerances rtol={rtol:g}, atol={atol:g} over a step (the quadrature check, docs/fenrir.md), which "
+                f"the step's error estimate does not see: the mean can be far from the solution. Use smaller rtol "
+                f"and atol, the local diffusion, or a finer fixed step.")
+    return ""
 
 
 def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | None, step: float | None, rtol: float,

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import xarray as xr
 from tqdm.auto import tqdm
 
+from pymc_pnode.accuracy import AccuracyWarning
 from pymc_pnode.filtering.structure import STRUCTURES
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import ODEFilter, solve, validate_filter
+from pymc_pnode.solve import (
+    SOLVE_ATOL,
+    SOLVE_MAX_STEPS,
+    SOLVE_RTOL,
+    ODEFilter,
+    accuracy_problem,
+    solve_without_warnings,
+    validate_filter,
+)
 
 __all__ = ["posterior_trajectories"]
 
@@ -92,7 +103,9 @@ def posterior_trajectories(
     Returns
     -------
     xarray.Dataset
-        ``mean`` and ``std`` with dims ``("sample", "time", "state")`` plus ``success`` per draw.
+        ``mean`` and ``std`` with dims ``("sample", "time", "state")`` plus ``success`` per draw. Draws whose
+        solution misses the tolerances (a fixed step too coarse, or means that fail the quadrature check; see
+        :func:`~pymc_pnode.solve`) are counted, and one :class:`~pymc_pnode.AccuracyWarning` says how many.
     """
     post = idata.posterior
     n_total = post.sizes["chain"] * post.sizes["draw"]
@@ -116,13 +129,19 @@ def posterior_trajectories(
     mean = np.full((pick.size, times.size, ode.n_states), np.nan)
     std = np.full_like(mean, np.nan)
     ok = np.zeros(pick.size, dtype=bool)
+    problems = []
     for i in tqdm(range(pick.size), desc="PN trajectories", disable=not progressbar):
-        sol = solve(ode, y0s[i], thetas[i], t_span, solver=solver, step=step, save_at=times,
-                    diffusion=kappas[i] if not isinstance(kappas[i], np.ndarray) else float(kappas[i]),
-                    discontinuities=discontinuities, jumps=jump_draws[i])
+        sol = solve_without_warnings(ode, y0s[i], thetas[i], t_span, solver=solver, step=step, save_at=times,
+                                     diffusion=kappas[i] if not isinstance(kappas[i], np.ndarray) else float(kappas[i]),
+                                     discontinuities=discontinuities, jumps=jump_draws[i], rtol=SOLVE_RTOL,
+                                     atol=SOLVE_ATOL, smooth=True, max_steps=SOLVE_MAX_STEPS)
         ok[i] = sol.success
         if sol.success:
             mean[i], std[i] = sol.mean, sol.std
+            problems += [problem] if (problem := accuracy_problem(sol, step, SOLVE_RTOL, SOLVE_ATOL)) else []
+    if problems:  # one warning for all draws, not one per draw
+        warnings.warn(f"pn.posterior_trajectories: the solution misses the tolerances at {len(problems)} of "
+                      f"{pick.size} draws; at the first of them, {problems[0]}", AccuracyWarning, stacklevel=2)
     coords = {"sample": pick, "time": times, "state": np.arange(ode.n_states)}
     return xr.Dataset(
         {
