@@ -173,6 +173,29 @@ def quadrature_defects() -> list[str]:
     return rows
 
 
+def where_the_epidemic_is_lost() -> list[str]:
+    """``pn.solve`` with the uniform (calibrated) diffusion — the means of Fenrir's first pass — against the local one
+    on the small-seed SIR: the step where the filtered I moves most against its own derivative."""
+    theta, times = np.array([3e-4, 0.1]), np.arange(5.0, 105.0, 5.0)
+    ode = pn.ODE(sir, n_states=3, n_theta=2)
+    rows = ["| I0 | diffusion | I at t = 50, 80, 100 | worst step: t | I before → after | I' before → after |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for i0 in (1e-5, 1e-7):
+        exact = solve_ivp(lambda t, y: sir(y, t, theta), (0, 100), [1000.0, i0, 0.0], method="DOP853",
+                          t_eval=[50.0, 80.0, 100.0], rtol=1e-12, atol=1e-20).y[1]
+        rows.append(f"| {i0:g} | exact (DOP853) | {exact[0]:.3g}, {exact[1]:.3g}, {exact[2]:.3g} | | | |")
+        for diffusion in ("calibrated", "local"):
+            sol = pn.solve(ode, [1000.0, i0, 0.0], theta, (0, 100), save_at=times, rtol=1e-4, atol=1e-6,
+                           diffusion=diffusion, smooth=False)
+            grid, mu = sol.run.grid, sol.run.mu
+            trapezoid = 0.5 * np.diff(grid) * (mu[1:, 4] + mu[:-1, 4])  # I is state 1; I' is entry d + 1 = 4
+            k = int(np.argmax(np.abs(np.diff(mu[:, 1]) - trapezoid)))
+            at = sol.mean[[9, 15, 19], 1]
+            rows.append(f"| {i0:g} | {diffusion} | {at[0]:.3g}, {at[1]:.3g}, {at[2]:.3g} | {grid[k]:.2f} | "
+                        f"{mu[k, 1]:.4g} → {mu[k + 1, 1]:.4g} | {mu[k, 4]:.3g} → {mu[k + 1, 4]:.3g} |")
+    return rows
+
+
 def main() -> None:
     warnings.simplefilter("ignore")
     print("\n".join(small_seed()))
@@ -184,6 +207,8 @@ def main() -> None:
     print("\n".join(equilibrium_gradient()))
     print()
     print("\n".join(quadrature_defects()))
+    print()
+    print("\n".join(where_the_epidemic_is_lost()))
 
 
 if __name__ == "__main__":
