@@ -25,6 +25,7 @@ Run: ``python benchmarks/known_failures.py`` (about a minute with warm caches); 
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -196,6 +197,81 @@ def where_the_epidemic_is_lost() -> list[str]:
     return rows
 
 
+def independent_dense_filter() -> list[str]:
+    """An independent dense EK1(3) in numpy (covariance form, IWP prior, exact Taylor initialisation) on the grid of
+    the unit-diffusion pass: does it reproduce that pass, and which diffusion keeps the epidemic on the same grid —
+    estimated inside the pass that uses it (one pass), or from the unit pass's residuals (two passes), as one scalar
+    per step or one per state and step?"""
+    theta = np.array([3e-4, 0.1])
+    q, d = 3, 3
+    ode = pn.ODE(sir, n_states=3, n_theta=2)
+    e0 = np.kron(np.eye(q + 1)[:1], np.eye(d))
+    e1 = np.kron(np.eye(q + 1)[1:2], np.eye(d))
+
+    def field(y):
+        infections = theta[0] * y[0] * y[1]
+        return np.array([-infections, infections - theta[1] * y[1], theta[1] * y[1]])
+
+    def jacobian(y):
+        b, g = theta
+        return np.array([[-b * y[1], -b * y[0], 0.0], [b * y[1], b * y[0] - g, 0.0], [0.0, g, 0.0]])
+
+    def transition(h):
+        return np.array([[h ** (j - i) / math.factorial(j - i) if j >= i else 0.0 for j in range(q + 1)]
+                         for i in range(q + 1)])
+
+    def noise(h):
+        return np.array([[h ** (2 * q + 1 - i - j) / (2 * q + 1 - i - j) / math.factorial(q - i) / math.factorial(q - j)
+                          for j in range(q + 1)] for i in range(q + 1)])
+
+    def run(y0, grid, mode, given=None):
+        """Filtered means and each step's local diffusions: per state ẑ_k² / (H Q Hᵀ)_kk, and one scalar
+        ẑᵀ (H Q Hᵀ)⁻¹ ẑ / d as in the package (rows of d equal entries)."""
+        coeffs = np.empty((q + 1, d))
+        ode.taylor_coefficients(q)(np.array(y0), 0.0, theta, coeffs)
+        mu, cov = coeffs.reshape(-1).copy(), np.zeros(((q + 1) * d,) * 2)
+        means, per_state, scalar = [mu.copy()], [], []
+        for n in range(1, grid.size):
+            h = grid[n] - grid[n - 1]
+            a, qh = np.kron(transition(h), np.eye(d)), noise(h)
+            mu_pred = a @ mu
+            y = e0 @ mu_pred
+            z, hm = e1 @ mu_pred - field(y), e1 - jacobian(y) @ e0
+            hqh = hm @ np.kron(qh, np.eye(d)) @ hm.T
+            per_state.append(z**2 / np.diag(hqh))
+            scalar.append(np.full(d, z @ np.linalg.solve(hqh, z) / d))
+            kappa = {"unit": np.ones(d), "one pass, scalar": scalar[-1],
+                     "one pass, per state": per_state[-1]}.get(mode, given[n - 1] if given is not None else None)
+            cov_pred = a @ cov @ a.T + np.kron(qh, np.diag(np.maximum(kappa, 1e-300)))
+            s = hm @ cov_pred @ hm.T
+            gain = cov_pred @ hm.T @ np.linalg.inv(s)
+            mu, cov = mu_pred - gain @ z, cov_pred - gain @ s @ gain.T
+            cov = 0.5 * (cov + cov.T)
+            means.append(mu.copy())
+        return np.array(means), (np.array(scalar), np.array(per_state))
+
+    times = np.array([50.0, 80.0, 100.0])
+    rows = ["| I0 | filter on the unit pass's grid | steps | I at t = 50, 80, 100 |", "| --- | --- | --- | --- |"]
+    for i0 in (1e-5, 1e-7):
+        y0 = [1000.0, i0, 0.0]
+        exact = solve_ivp(lambda t, y: sir(y, t, theta), (0, 100), y0, method="DOP853", t_eval=times, rtol=1e-12,
+                          atol=1e-20).y[1]
+        unit_pass = pn.solve(ode, y0, theta, (0, 100), save_at=times, rtol=1e-4, atol=1e-6, diffusion="calibrated",
+                             smooth=False)
+        grid = unit_pass.run.grid
+        at = [int(np.argmin(np.abs(grid - t))) for t in times]
+        unit, (scalar_kappas, state_kappas) = run(y0, grid, "unit")
+        results = {"exact (DOP853)": exact, "`pn.solve(diffusion=\"calibrated\")`": unit_pass.mean[:, 1],
+                   "numpy, unit diffusion": unit[at, 1]}
+        for mode in ("one pass, scalar", "one pass, per state"):
+            results[f"numpy, {mode}"] = run(y0, grid, mode)[0][at, 1]
+        results["numpy, two passes, scalar"] = run(y0, grid, "given", scalar_kappas)[0][at, 1]
+        results["numpy, two passes, per state"] = run(y0, grid, "given", state_kappas)[0][at, 1]
+        for label, values in results.items():
+            rows.append(f"| {i0:g} | {label} | {grid.size - 1} | {values[0]:.4g}, {values[1]:.4g}, {values[2]:.4g} |")
+    return rows
+
+
 def main() -> None:
     warnings.simplefilter("ignore")
     print("\n".join(small_seed()))
@@ -209,6 +285,8 @@ def main() -> None:
     print("\n".join(quadrature_defects()))
     print()
     print("\n".join(where_the_epidemic_is_lost()))
+    print()
+    print("\n".join(independent_dense_filter()))
 
 
 if __name__ == "__main__":
