@@ -21,6 +21,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 import scipy
+from known_failures import fhn as fitzhugh_nagumo  # the same fields as the known failures
+from known_failures import logistic, sir, van_der_pol
 from scipy.integrate import solve_ivp
 from scipy.stats import norm
 
@@ -28,23 +30,6 @@ import pymc_pnode as pn
 from pymc_pnode.accuracy import SolverDiagnostics
 from pymc_pnode.filtering.odefilter import DIFFUSION_LOCAL
 from pymc_pnode.likelihoods.fenrir import FenrirProblem, StepControl
-
-
-def sir(y, t, p):
-    infections = p[0] * y[0] * y[1]
-    return [-infections, infections - p[1] * y[1], p[1] * y[1]]
-
-
-def logistic(y, t, p):
-    return [p[0] * y[0] * (1 - y[0] / p[1])]
-
-
-def fitzhugh_nagumo(y, t, p):
-    return [p[2] * (y[0] - y[0] ** 3 / 3 + y[1]), -(y[0] - p[0] - p[1] * y[1]) / p[2]]
-
-
-def van_der_pol(y, t, p):
-    return [y[1], p[0] * (1 - y[0] ** 2) * y[1] - y[0]]
 
 
 def lotka_volterra(y, t, p):
