@@ -23,7 +23,14 @@ from pytensor.graph.op import Op
 from pytensor.tensor.linalg import block_diag
 
 from pymc_pnode._jit import readonly, register_numba
-from pymc_pnode.accuracy import RESCALE, SolverDiagnostics, needs_rounding_check, reproducible
+from pymc_pnode.accuracy import (
+    RESCALE,
+    SolverDiagnostics,
+    needs_rounding_check,
+    reproducible,
+    solve_to_tolerance,
+    unresolved_start,
+)
 from pymc_pnode.differential_equation import flag_failed_solve
 from pymc_pnode.discontinuities import declared_restarts, restart_state, split_times
 from pymc_pnode.filtering.odefilter import DIFFUSION_GLOBAL, DIFFUSION_LOCAL
@@ -113,11 +120,19 @@ class PNSolutionProblem:
         if not (np.all(np.isfinite(y0)) and np.all(np.isfinite(theta))):  # e.g. exp overflow of a sampler's proposal
             self.diagnostics.record(0, 0, 0.0, failed=True, failure="non-finite y0 or theta")
             return self._failed(None, np.zeros(d))
-        sol = solve_without_warnings(ode, y0, theta, (self.start, float(self.times[-1])), solver=self.solver,
-                                     step=self.step, rtol=self.rtol, atol=self.atol, save_at=self.times,
-                                     smooth=self.smooth, max_steps=self.max_steps, diffusion=self.diffusion)
+
+        def solve(rtol: float, atol: float):
+            sol = solve_without_warnings(ode, y0, theta, (self.start, float(self.times[-1])), solver=self.solver,
+                                         step=self.step, rtol=rtol, atol=atol, save_at=self.times,
+                                         smooth=self.smooth, max_steps=self.max_steps, diffusion=self.diffusion)
+            start_scale = unresolved_start(y0, atol) if self.step is None else 0.0
+            return sol, sol.success, max(sol.stats["max_error"], sol.stats["max_defect"], start_scale)
+
+        # a solution that fails the quadrature check, or whose atol does not resolve y0, is solved again tighter
+        sol, accuracy, tried = solve_to_tolerance(solve, self.rtol, self.atol, self.step is None)
+        n_steps, n_rejected = (sum(attempt.stats[name] for attempt in tried) for name in ("n_steps", "n_rejected"))
         if not sol.success:
-            self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], 0.0, failed=True,
+            self.diagnostics.record(n_steps, n_rejected, 0.0, failed=True,
                                     failure=f"{sol.stats['message']}, at t = {sol.stats['t_final']:.6g}")
             return self._failed(sol, y0)
         taylor_jac = ode.taylor_functions(q)[1]
@@ -129,9 +144,8 @@ class PNSolutionProblem:
         if needs_rounding_check(rounding):
             again = self._jacobians(sol, theta, seeds * RESCALE)
             refused = not reproducible((jac_mean, jac_std, jac_cov), (again[0], again[1], again[3]))
-        accuracy = max(sol.stats["max_error"], sol.stats["max_defect"])
-        self.diagnostics.record(sol.stats["n_steps"], sol.stats["n_rejected"], accuracy, failed=refused,
-                                unreliable_gradient=refused)
+        self.diagnostics.record(n_steps, n_rejected, accuracy, failed=refused, unreliable_gradient=refused,
+                                tightened=len(tried) > 1)
         if refused:
             return self._failed(sol, y0)
         return Evaluation(sol.mean, sol.std, cov.reshape(self.n_cov, self.n_cov), jac_mean, jac_std,

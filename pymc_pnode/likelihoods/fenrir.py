@@ -22,7 +22,15 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.rewriting.basic import register_specialize
 
 from pymc_pnode._jit import register_numba
-from pymc_pnode.accuracy import RESCALE, AccuracyWarning, SolverDiagnostics, needs_rounding_check, reproducible
+from pymc_pnode.accuracy import (
+    RESCALE,
+    AccuracyWarning,
+    SolverDiagnostics,
+    needs_rounding_check,
+    reproducible,
+    solve_to_tolerance,
+    unresolved_start,
+)
 from pymc_pnode.discontinuities import declared_restarts, restart_state, split_times
 from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, FenrirArguments, FenrirFunctions, fenrir_kernel
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
@@ -284,6 +292,10 @@ class FenrirProblem:
             unreliable = not ok
         return SegmentResult(terms, grad, bool(ok), info, grid, y_end, failure, unreliable)
 
+    def _solved(self, results: list[SegmentResult]) -> bool:
+        """Whether every segment was solved (and its gradient, if asked for, is not rounding noise)."""
+        return len(results) == len(self.segments) and all(r.ok for r in results)
+
     def _segments(self, arguments: FenrirArguments, jumps: np.ndarray, want_grad: bool) -> list[SegmentResult]:
         """Every segment in turn, each restarted from the solution mean where the previous one ended plus the
         state's jump there (the filter's derivative states restart from the vector field beyond the discontinuity,
@@ -335,7 +347,7 @@ class FenrirProblem:
               and np.all(np.isfinite(jumps)))
         n_steps = n_rejected = 0
         max_err = math.nan
-        unreliable = False
+        unreliable = tightened = False
         failure = ""
         grid = self.segments[0].grid[:1]
         if ok:
@@ -345,8 +357,19 @@ class FenrirProblem:
                 first.grid, first.obs_at, data, self.obs_matrix, sigma_full, sigma_dir, self.n_sigma, want_grad, cot,
                 np.zeros(ode.n_states), float(self.memory_budget),
             )
-            results = self._segments(arguments, jumps, want_grad)
-            ok = all(r.ok for r in results) and len(results) == len(self.segments)
+
+            def solve(rtol: float, atol: float):
+                attempt = self._segments(arguments._replace(control=self.stepping._replace(rtol=rtol, atol=atol)),
+                                         jumps, want_grad)
+                return attempt, self._solved(attempt), _accuracy(attempt, y0, atol if self.control.adaptive else 0.0)
+
+            # error control whose solution fails the quadrature check, or whose atol does not resolve y0, is solved
+            # again at tighter tolerances
+            results, max_err, tried = solve_to_tolerance(solve, self.control.rtol, self.control.atol,
+                                                         self.control.adaptive)
+            tightened = len(tried) > 1
+            n_steps, n_rejected = (sum(_step_counts(attempt)[j] for attempt in tried) for j in (0, 1))
+            ok = self._solved(results)
             terms = sum(r.terms for r in results)
             grad = results[0].grad.copy()  # the y0 part is the first segment's; θ, σ and κ add up
             for r in results[1:]:
@@ -354,19 +377,29 @@ class FenrirProblem:
             # a jump adds to the next segment's starting value: its gradient is that segment's y0 part
             grad = np.concatenate([grad] + [r.grad[:ode.n_states] for r in results[1:]])
             grid = np.concatenate([r.grid for r in results])
-            max_err = max(max(r.info[0], r.info[6]) for r in results)  # local error, quadrature defect
-            n_steps, n_rejected = (int(sum(r.info[j] for r in results)) for j in (2, 3))
             failure = next((r.failure for r in results if r.failure), "")
             unreliable = any(r.unreliable for r in results)
         (self.diagnostics if diagnostics is None else diagnostics).record(n_steps, n_rejected, max_err,
                                                                           failed=not ok, warn=warn,
                                                                           unreliable_gradient=unreliable,
-                                                                          failure=failure)
+                                                                          failure=failure, tightened=tightened)
         if not ok:
             terms = np.full(data.shape[0], -np.inf)
             grad = np.zeros(self.n_directions)
         return terms, grad, grid
 
+
+
+def _step_counts(results: list[SegmentResult]) -> tuple[int, int]:
+    """Accepted and rejected steps of a solve, over its segments."""
+    return tuple(int(sum(r.info[j] for r in results)) for j in (2, 3))
+
+
+def _accuracy(results: list[SegmentResult], y0: np.ndarray, atol: float) -> float:
+    """The largest scaled local error estimate or quadrature defect over the segments and, with error control
+    (``atol > 0``), ``atol / |y0_i|`` for the nonzero entries of ``y0`` (≤ 1: within tolerance)."""
+    worst = max(max(r.info[0], r.info[6]) for r in results)
+    return max(worst, unresolved_start(y0, atol))
 
 
 def _fenrir_inputs(y0, theta, data, sigma, kappa, jumps):
