@@ -6,8 +6,9 @@ Every error-controlled Fenrir evaluation checks its solution's means against the
 again at tighter tolerances (:func:`pymc_pnode.accuracy.tighter_tolerances`) until one passes; one that none passes
 is counted over the tolerance and warned (``pn.AccuracyWarning``). This script draws parameters (and initial
 states) at random from broad ranges for seven ODEs, evaluates the default likelihood (rtol 1e-4, atol 1e-6) and,
-for comparison, rtol 1e-6 and atol 1e-8, each with the first solve only (the package before the re-solve) and as
-the package now evaluates it, and compares each value with the exact Gaussian log-likelihood around a DOP853
+for comparison, rtol 1e-6 and atol 1e-8, each as the package before the re-solve evaluated it (the check alone), with
+the start rule (a nonzero entry of y0 below atol counts as over the tolerance) but no re-solve, and as the package
+now evaluates it, and compares each value with the exact Gaussian log-likelihood around a DOP853
 solution (rtol 1e-12). It reports, per ODE and setting: the evaluations whose value is more than 0.1 and 1 nat off,
 how many of those the check flagged, how many accurate ones (within 0.1 nat) it flagged (false alarms), how many
 were solved again, and the mean time per evaluation.
@@ -33,7 +34,8 @@ from scipy.stats import norm
 
 import pymc_pnode as pn
 import pymc_pnode.accuracy
-from pymc_pnode.accuracy import SolverDiagnostics
+import pymc_pnode.likelihoods.fenrir as fenrir_module
+from pymc_pnode.accuracy import SolverDiagnostics, unresolved_start
 from pymc_pnode.filtering.odefilter import DIFFUSION_LOCAL
 from pymc_pnode.likelihoods.fenrir import FenrirProblem, StepControl
 
@@ -96,8 +98,16 @@ def exact_loglik(field, y0, theta, times, observed, data, sd):
     return norm.logpdf(data[:, 0], sol.y[observed], sd).sum(), sol.y[observed]
 
 
-# The package's evaluation, and its first solve alone (no tighter re-solve: the package before 2026-11-28 evening).
-VERSIONS = ("first solve only", "with re-solve")
+# The package before 2026-11-28 evening (the check alone: no start rule, no re-solve), its first solve with the start
+# rule (a nonzero y0 entry below atol counts as over the tolerance), and the package's evaluation (both, and re-solves).
+VERSIONS = ("check only (before)", "check and start rule", "with re-solve (now)")
+
+
+def set_version(version: str, tighter: tuple) -> None:
+    """Make the package evaluate as ``version`` does (module attributes that :mod:`pymc_pnode.likelihoods.fenrir`
+    reads at each evaluation)."""
+    pymc_pnode.accuracy.TIGHTER_TOLERANCES = tighter if version == VERSIONS[2] else ()
+    fenrir_module.unresolved_start = (lambda y0, atol: 0.0) if version == VERSIONS[0] else unresolved_start
 
 
 def evaluations(n_draws: int) -> list[tuple]:
@@ -124,8 +134,7 @@ def evaluations(n_draws: int) -> list[tuple]:
                 ref = exact_loglik(field, np.array(y0), np.array(theta), times, observed, data, sd)
                 for version in VERSIONS:
                     counts = SolverDiagnostics()
-                    # the first solve alone: no tighter tolerances to try
-                    pymc_pnode.accuracy.TIGHTER_TOLERANCES = () if version == VERSIONS[0] else tighter
+                    set_version(version, tighter)
                     start = time.perf_counter()
                     value = problem.evaluate(np.array(y0), np.array(theta), data, sd, 1.0, diagnostics=counts,
                                              warn=False)[0].sum()

@@ -162,6 +162,15 @@ def solve_to_tolerance(solve: Callable[[float, float], tuple[Any, bool, float]],
     return solution, accuracy, tried
 
 
+def _tighter_tolerances_tried() -> str:
+    """How far the re-solves of :func:`solve_to_tolerance` go, for warnings."""
+    if not TIGHTER_TOLERANCES:
+        return ""
+    rtol_factor, atol_factor = TIGHTER_TOLERANCES[-1]
+    return (f", also at the tighter tolerances tried automatically (down to rtol / {rtol_factor:g} and atol / "
+            f"{atol_factor:g})")
+
+
 def unresolved_start(y0: np.ndarray, atol: float) -> float:
     """``atol / |y0_i|`` for the smallest nonzero entry of ``y0`` (0 if none): above 1, error control at ``atol``
     does not resolve that state, and if it grows (an epidemic from a seed far below atol) every solver's error
@@ -393,8 +402,7 @@ class SolverDiagnostics:
         if self.step is None and self.n_over_tolerance:
             parts.append(
                 f"the error-controlled solution misses the tolerances at {self.n_over_tolerance} of "
-                f"{self.n_evaluations} evaluations so far, also at the tighter tolerances tried automatically (down "
-                f"to rtol / {TIGHTER_TOLERANCES[-1][0]:g} and atol / {TIGHTER_TOLERANCES[-1][1]:g}): over some step "
+                f"{self.n_evaluations} evaluations so far{_tighter_tolerances_tried()}: over some step "
                 f"its means disagree with their own derivatives, or a nonzero entry of y0 is below atol, by up to "
                 f"{self.max_error:.3g} × the tolerance, which the steps' error estimates do not see (docs/fenrir.md, "
                 f"'The quadrature check'). There the likelihood or solution can be far from the exact one "

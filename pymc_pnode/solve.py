@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from pymc_pnode._jit import readonly
-from pymc_pnode.accuracy import AccuracyWarning, suggested_step
+from pymc_pnode.accuracy import AccuracyWarning, suggested_step, unresolved_start
 from pymc_pnode.discontinuities import declared_restarts, restart_state, segment_of, split_times
 from pymc_pnode.filtering.calibration import global_kappa, quadrature_defect
 from pymc_pnode.filtering.odefilter import (
@@ -622,17 +622,18 @@ def solve(
     sol = solve_without_warnings(ode, y0, theta, t_span, solver=solver, step=step, rtol=rtol, atol=atol,
                                  save_at=save_at, diffusion=diffusion, smooth=smooth, max_steps=max_steps,
                                  discontinuities=discontinuities, jumps=jumps)
-    problem = accuracy_problem(sol, step, rtol, atol)
+    problem = accuracy_problem(sol, y0, step, rtol, atol)
     if problem:
         warnings.warn(f"pn.solve: {problem}", AccuracyWarning, stacklevel=2)
     return sol
 
 
-def accuracy_problem(sol: ProbabilisticSolution | PiecewiseSolution, step: float | None, rtol: float,
+def accuracy_problem(sol: ProbabilisticSolution | PiecewiseSolution, y0, step: float | None, rtol: float,
                      atol: float) -> str:
-    """What is wrong with the accuracy of a successful solve (empty if nothing): a fixed step that misses the
-    tolerances (its local error estimates), or means that disagree with their own derivatives (the quadrature
-    check, :func:`~pymc_pnode.filtering.calibration.quadrature_defect`)."""
+    """What is wrong with the accuracy of a successful solve from ``y0`` (empty if nothing): a fixed step that misses
+    the tolerances (its local error estimates), means that disagree with their own derivatives (the quadrature
+    check, :func:`~pymc_pnode.filtering.calibration.quadrature_defect`), or error control whose ``atol`` does not
+    resolve a nonzero entry of ``y0`` (:func:`~pymc_pnode.accuracy.unresolved_start`)."""
     if not sol.success:
         return ""
     suggestion = None if step is None else suggested_step(step, sol.stats["max_error"], sol.solver.order)
@@ -646,6 +647,11 @@ def accuracy_problem(sol: ProbabilisticSolution | PiecewiseSolution, step: float
                 f"tolerances rtol={rtol:g}, atol={atol:g} over a step (the quadrature check, docs/fenrir.md), which "
                 f"the step's error estimate does not see: the mean can be far from the solution. Use smaller rtol "
                 f"and atol, the local diffusion, or a finer fixed step.")
+    if step is None and unresolved_start(np.asarray(y0, dtype=float), atol) > 1.0:
+        return (f"y0 has a nonzero entry below atol={atol:g} ({np.asarray(y0)!r}): error control does not resolve "
+                f"that state, and if it grows the mean can be far from the solution without any error estimate "
+                f"seeing it (docs/fenrir.md, 'The quadrature check'). Use an atol below it, or 0 for a state that "
+                f"should be zero.")
     return ""
 
 

@@ -138,7 +138,7 @@ def posterior_trajectories(
         ok[i] = sol.success
         if sol.success:
             mean[i], std[i] = sol.mean, sol.std
-            problems += [problem] if (problem := accuracy_problem(sol, step, SOLVE_RTOL, SOLVE_ATOL)) else []
+            problems += [problem] if (problem := accuracy_problem(sol, y0s[i], step, SOLVE_RTOL, SOLVE_ATOL)) else []
     if problems:  # one warning for all draws, not one per draw
         warnings.warn(f"pn.posterior_trajectories: the solution misses the tolerances at {len(problems)} of "
                       f"{pick.size} draws; at the first of them, {problems[0]}", AccuracyWarning, stacklevel=2)

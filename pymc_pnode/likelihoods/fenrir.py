@@ -399,7 +399,7 @@ def _accuracy(results: list[SegmentResult], y0: np.ndarray, atol: float) -> floa
     """The largest scaled local error estimate or quadrature defect over the segments and, with error control
     (``atol > 0``), ``atol / |y0_i|`` for the nonzero entries of ``y0`` (≤ 1: within tolerance)."""
     worst = max(max(r.info[0], r.info[6]) for r in results)
-    return max(worst, unresolved_start(y0, atol))
+    return max(worst, unresolved_start(y0, atol)) if atol > 0 else worst
 
 
 def _fenrir_inputs(y0, theta, data, sigma, kappa, jumps):
