@@ -64,9 +64,9 @@ RESCALE = 0.7
 REPRODUCIBILITY = 1e-3
 
 # An error-controlled solution that fails the quadrature check (a defect above 1 that the steps' error estimates did
-# not see) is solved again at these tighter tolerances in turn, ``(rtol / a, atol / b)``, until one passes. The
-# failures measured come from states far below atol that grow (benchmarks/quadrature_check.py), hence the larger
-# factor on atol; every retry that passed the check was within 0.03 nat of the exact likelihood there.
+# not see) or whose atol does not resolve y0 is solved again at these tighter tolerances in turn, ``(rtol / a,
+# atol / b)``, until one passes. The failures measured come from states far below atol that grow
+# (benchmarks/results/quadrature_check.md), hence the larger factor on atol.
 TIGHTER_TOLERANCES = ((10.0, 1e3), (100.0, 1e6))
 
 
@@ -135,8 +135,8 @@ def reproducible(derivatives, rescaled) -> bool:
 
 
 def tighter_tolerances(rtol: float, atol: float) -> list[tuple[float, float]]:
-    """The ``(rtol, atol)`` to try in turn when a solution at ``rtol``/``atol`` fails the quadrature check
-    (:data:`TIGHTER_TOLERANCES`)."""
+    """The ``(rtol, atol)`` to try in turn when a solution at ``rtol``/``atol`` fails the quadrature check or does
+    not resolve ``y0`` (:data:`TIGHTER_TOLERANCES`)."""
     return [(rtol / a, atol / b) for a, b in TIGHTER_TOLERANCES]
 
 
@@ -174,8 +174,9 @@ def _tighter_tolerances_tried() -> str:
 def unresolved_start(y0: np.ndarray, atol: float) -> float:
     """``atol / |y0_i|`` for the smallest nonzero entry of ``y0`` (0 if none): above 1, error control at ``atol``
     does not resolve that state, and if it grows (an epidemic from a seed far below atol) every solver's error
-    estimates, and the quadrature check, miss what its loss does to the solution
-    (benchmarks/results/quadrature_check.md: every silent failure there started below atol / 100)."""
+    estimates, and the quadrature check, can miss what its loss does to the solution
+    (benchmarks/results/quadrature_check.md: every value more than 1 nat off that the check alone missed there
+    started below atol)."""
     nonzero = np.abs(y0[y0 != 0.0])
     return float(atol / nonzero.min()) if nonzero.size else 0.0
 
@@ -215,8 +216,8 @@ class SolverDiagnostics:
         their ``atol`` (:func:`unresolved_start`). Warns (once).
     n_tightened : int
         Error-controlled evaluations solved again at tighter tolerances (:func:`tighter_tolerances`) because the
-        first solution failed the quadrature check; those that then passed it are not over the tolerance and
-        do not warn (they cost more: their steps are in ``n_steps``).
+        first solution failed the quadrature check or its ``atol`` did not resolve ``y0``; those that then passed
+        are not over the tolerance and do not warn (they cost more: their steps are in ``n_steps``).
     n_failed : int
         Evaluations that returned ``-inf``: non-finite values, a diverging fixed step, ``max_steps``
         reached or a collapsing adaptive step. Fixed-step failures warn too (once), as inside a sampler

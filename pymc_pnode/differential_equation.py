@@ -21,7 +21,7 @@ from pytensor.graph.basic import Apply
 from pytensor.graph.op import Op
 
 from pymc_pnode._jit import register_numba
-from pymc_pnode.accuracy import SolverDiagnostics
+from pymc_pnode.accuracy import SolverDiagnostics, solve_to_tolerance, unresolved_start
 from pymc_pnode.classical.dopri import dopri_backward, dopri_forward
 from pymc_pnode.discontinuities import declared_restarts, restart_state, split_times
 from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS
@@ -58,7 +58,10 @@ class DopriSolver:
     ----------
     diagnostics : SolverDiagnostics
         Steps, rejected steps and failed solves over the evaluations run through :meth:`forward`
-        (this process and, by spool files, worker processes).
+        (this process and, by spool files, worker processes). A solve from a ``y0`` with a nonzero entry below
+        ``atol`` (a state the tolerances do not resolve) is run again at tighter tolerances
+        (:func:`~pymc_pnode.accuracy.solve_to_tolerance`, counted in ``n_tightened``); one that stays below the
+        tightest ``atol`` tried is counted over the tolerance and warned.
     """
 
     def __init__(self, ode: ODE, times, control: StepControl, label: str = "DifferentialEquation",
@@ -79,12 +82,18 @@ class DopriSolver:
         """
         c = self.control
         y0, theta = _vector(y0, self.ode.n_states), _vector(theta, self.ode.n_theta)
-        ys, ts, traj, status, n_rejected = dopri_forward(
-            self.ode.rhs.address, theta.copy(), y0, self.t_start, self.times, c.rtol, c.atol, c.max_steps
-        )
+
+        def solve(rtol: float, atol: float):
+            run = dopri_forward(self.ode.rhs.address, theta.copy(), y0, self.t_start, self.times, rtol, atol,
+                                c.max_steps)
+            return run, run[3] == STATUS_SUCCESS, unresolved_start(y0, atol)
+
+        # a nonzero entry of y0 below atol (a state the tolerances do not resolve) is solved again tighter
+        (ys, ts, traj, status, _), accuracy, tried = solve_to_tolerance(solve, c.rtol, c.atol)
         failed = status != STATUS_SUCCESS
         failure = f"{STATUS_MESSAGES[int(status)]}, at t = {ts[-1]:.6g}" if failed else ""
-        self.diagnostics.record(ts.size - 1, n_rejected, 0.0, failed, failure=failure)
+        self.diagnostics.record(sum(run[1].size - 1 for run in tried), sum(run[4] for run in tried), accuracy, failed,
+                                failure=failure, tightened=len(tried) > 1)
         return ys, ts, traj, np.array([-np.inf if failed else 0.0])
 
     def backward(self, theta, ts, traj, g_ys):

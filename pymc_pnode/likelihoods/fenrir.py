@@ -389,7 +389,6 @@ class FenrirProblem:
         return terms, grad, grid
 
 
-
 def _step_counts(results: list[SegmentResult]) -> tuple[int, int]:
     """Accepted and rejected steps of a solve, over its segments."""
     return tuple(int(sum(r.info[j] for r in results)) for j in (2, 3))
