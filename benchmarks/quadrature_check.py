@@ -34,7 +34,6 @@ from scipy.stats import norm
 
 import pymc_pnode as pn
 import pymc_pnode.accuracy
-import pymc_pnode.likelihoods.fenrir as fenrir_module
 from pymc_pnode.accuracy import SolverDiagnostics, unresolved_start
 from pymc_pnode.filtering.odefilter import DIFFUSION_LOCAL
 from pymc_pnode.likelihoods.fenrir import FenrirProblem, StepControl
@@ -104,10 +103,10 @@ VERSIONS = ("check only (before)", "check and start rule", "with re-solve (now)"
 
 
 def set_version(version: str, tighter: tuple) -> None:
-    """Make the package evaluate as ``version`` does (module attributes that :mod:`pymc_pnode.likelihoods.fenrir`
-    reads at each evaluation)."""
+    """Make the package evaluate as ``version`` does (module attributes that
+    :func:`pymc_pnode.accuracy.solve_to_tolerance` reads at each evaluation)."""
     pymc_pnode.accuracy.TIGHTER_TOLERANCES = tighter if version == VERSIONS[2] else ()
-    fenrir_module.unresolved_start = (lambda y0, atol: 0.0) if version == VERSIONS[0] else unresolved_start
+    pymc_pnode.accuracy.unresolved_start = (lambda y0, atol: 0.0) if version == VERSIONS[0] else unresolved_start
 
 
 def evaluations(n_draws: int) -> list[tuple]:

@@ -140,21 +140,27 @@ def tighter_tolerances(rtol: float, atol: float) -> list[tuple[float, float]]:
     return [(rtol / a, atol / b) for a, b in TIGHTER_TOLERANCES]
 
 
-def solve_to_tolerance(solve: Callable[[float, float], tuple[Any, bool, float]], rtol: float, atol: float,
-                       adaptive: bool = True) -> tuple[Any, float, list]:
-    """Solve at ``rtol``/``atol`` and, with error control, again at each of :func:`tighter_tolerances` in turn
-    while the accepted solution is over the tolerance.
+def solve_to_tolerance(solve: Callable[[float, float], tuple[Any, bool, float]], y0: np.ndarray, rtol: float,
+                       atol: float, adaptive: bool = True) -> tuple[Any, float, list]:
+    """Solve from ``y0`` at ``rtol``/``atol`` and, with error control, again at each of :func:`tighter_tolerances`
+    in turn while the accepted solution is over the tolerance.
 
-    ``solve(rtol, atol)`` returns ``(solution, solved, accuracy)`` (accuracy ≤ 1: within tolerance). A tighter
+    ``solve(rtol, atol)`` returns ``(solution, solved, accuracy)`` (accuracy ≤ 1: within tolerance); with error
+    control the accuracy also counts a start that ``atol`` does not resolve (:func:`unresolved_start`). A tighter
     solve that fails (e.g. at ``max_steps``) says nothing about the accepted solution, which is kept. Returns the
     accepted solution, its accuracy and every solution computed (for their costs).
     """
-    solution, solved, accuracy = solve(rtol, atol)
+
+    def attempt(rtol: float, atol: float):
+        solution, solved, accuracy = solve(rtol, atol)
+        return solution, solved, max(accuracy, unresolved_start(y0, atol)) if adaptive else accuracy
+
+    solution, solved, accuracy = attempt(rtol, atol)
     tried = [solution]
     for tighter_rtol, tighter_atol in tighter_tolerances(rtol, atol) if adaptive else ():
         if not (solved and accuracy > 1.0):
             break
-        again, solved, again_accuracy = solve(tighter_rtol, tighter_atol)
+        again, solved, again_accuracy = attempt(tighter_rtol, tighter_atol)
         tried.append(again)
         if not solved:
             break

@@ -29,7 +29,6 @@ from pymc_pnode.accuracy import (
     needs_rounding_check,
     reproducible,
     solve_to_tolerance,
-    unresolved_start,
 )
 from pymc_pnode.differential_equation import flag_failed_solve
 from pymc_pnode.discontinuities import declared_restarts, restart_state, split_times
@@ -125,11 +124,10 @@ class PNSolutionProblem:
             sol = solve_without_warnings(ode, y0, theta, (self.start, float(self.times[-1])), solver=self.solver,
                                          step=self.step, rtol=rtol, atol=atol, save_at=self.times,
                                          smooth=self.smooth, max_steps=self.max_steps, diffusion=self.diffusion)
-            start_scale = unresolved_start(y0, atol) if self.step is None else 0.0
-            return sol, sol.success, max(sol.stats["max_error"], sol.stats["max_defect"], start_scale)
+            return sol, sol.success, max(sol.stats["max_error"], sol.stats["max_defect"])
 
         # a solution that fails the quadrature check, or whose atol does not resolve y0, is solved again tighter
-        sol, accuracy, tried = solve_to_tolerance(solve, self.rtol, self.atol, self.step is None)
+        sol, accuracy, tried = solve_to_tolerance(solve, y0, self.rtol, self.atol, self.step is None)
         n_steps, n_rejected = (sum(attempt.stats[name] for attempt in tried) for name in ("n_steps", "n_rejected"))
         if not sol.success:
             self.diagnostics.record(n_steps, n_rejected, 0.0, failed=True,

@@ -29,7 +29,6 @@ from pymc_pnode.accuracy import (
     needs_rounding_check,
     reproducible,
     solve_to_tolerance,
-    unresolved_start,
 )
 from pymc_pnode.discontinuities import declared_restarts, restart_state, split_times
 from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, FenrirArguments, FenrirFunctions, fenrir_kernel
@@ -361,14 +360,14 @@ class FenrirProblem:
             def solve(rtol: float, atol: float):
                 attempt = self._segments(arguments._replace(control=self.stepping._replace(rtol=rtol, atol=atol)),
                                          jumps, want_grad)
-                return attempt, self._solved(attempt), _accuracy(attempt, y0, atol if self.control.adaptive else 0.0)
+                return attempt, self._solved(attempt), _accuracy(attempt)
 
             # error control whose solution fails the quadrature check, or whose atol does not resolve y0, is solved
             # again at tighter tolerances
-            results, max_err, tried = solve_to_tolerance(solve, self.control.rtol, self.control.atol,
+            results, max_err, tried = solve_to_tolerance(solve, y0, self.control.rtol, self.control.atol,
                                                          self.control.adaptive)
             tightened = len(tried) > 1
-            n_steps, n_rejected = (sum(_step_counts(attempt)[j] for attempt in tried) for j in (0, 1))
+            n_steps, n_rejected = map(sum, zip(*(_step_counts(attempt) for attempt in tried)))
             ok = self._solved(results)
             terms = sum(r.terms for r in results)
             grad = results[0].grad.copy()  # the y0 part is the first segment's; θ, σ and κ add up
@@ -394,11 +393,9 @@ def _step_counts(results: list[SegmentResult]) -> tuple[int, int]:
     return tuple(int(sum(r.info[j] for r in results)) for j in (2, 3))
 
 
-def _accuracy(results: list[SegmentResult], y0: np.ndarray, atol: float) -> float:
-    """The largest scaled local error estimate or quadrature defect over the segments and, with error control
-    (``atol > 0``), ``atol / |y0_i|`` for the nonzero entries of ``y0`` (≤ 1: within tolerance)."""
-    worst = max(max(r.info[0], r.info[6]) for r in results)
-    return max(worst, unresolved_start(y0, atol)) if atol > 0 else worst
+def _accuracy(results: list[SegmentResult]) -> float:
+    """The largest scaled local error estimate or quadrature defect over the segments (≤ 1: within tolerance)."""
+    return max(max(r.info[0], r.info[6]) for r in results)
 
 
 def _fenrir_inputs(y0, theta, data, sigma, kappa, jumps):
