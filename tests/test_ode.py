@@ -284,3 +284,49 @@ def test_threads_loading_one_generated_module_wait_for_its_execution(tmp_path, m
     for thread in threads:
         thread.join()
     assert errors == [] and results == [1, 1]
+
+
+def _generated_outputs(ode, y, p):
+    """Every generated function of ``ode`` at ``(y, 0.3, p)``: the field, its Jacobians, second derivatives (full,
+    contracted) and the Taylor coefficients with their Jacobians and vector–Jacobian product."""
+    d, k = ode.n_states, ode.n_theta
+    out = {"rhs": ode.f(y, 0.3, p), "jac_y": ode.jacobian(y, 0.3, p)}
+    calls = {"jac_p": (ode.jac_p, [(d, k)]), "hess_yy": (ode.hess_yy, [(d, d, d)]),
+             "hess_yp": (ode.hess_yp, [(d, d, k)]), "taylor": (ode.taylor_coefficients(4), [(5, d)]),
+             "taylor_jac": (ode.taylor_functions(4)[1], [(5, d, d), (5, d, k)])}
+    for name, (fn, shapes) in calls.items():
+        arrays = [np.empty(shape) for shape in shapes]
+        fn(y, 0.3, p, *arrays)
+        out.update({f"{name}{i}": a for i, a in enumerate(arrays)})
+    weights = np.arange(1.0, d * d + 1).reshape(d, d) / 7.0
+    contract = (np.empty(d), np.empty(k))
+    ode.hess_contract(y, 0.3, p, weights, *contract)
+    vjp = (np.empty(d), np.empty(k))
+    ode.taylor_vjp(4)(y, 0.3, p, np.arange(1.0, 5 * d + 1).reshape(5, d) / 3.0, *vjp)
+    out.update(contract_y=contract[0], contract_p=contract[1], vjp_y=vjp[0], vjp_p=vjp[1])
+    return out
+
+
+def test_long_generated_functions_split_into_parts_give_the_same_bits(tmp_path, monkeypatch):
+    """Generated bodies longer than ``PART_STATEMENTS`` compile as parts passing values through a scratch array
+    (numba's and LLVM's compile time grows faster than a straight-line function's length); the arithmetic is the
+    same, so every generated function returns the same bits as the unsplit one."""
+    from pymc_pnode import _codegen
+
+    def coupled(y, t, p):  # every state coupled, shared subexpressions, an input-only and a constant output
+        s = pt.sin(p[0] * y[0] + y[1] * y[2])
+        return [s * pt.exp(-y[2]) - p[1] * y[0], y[0] * s + pt.cos(t) * y[1] ** 3, p[1], y[0] * y[1] - s * s * p[0]]
+
+    y, p = np.array([0.3, -0.7, 0.4, 1.1]), np.array([1.3, 0.45])
+    monkeypatch.setenv("PYMC_PNODE_CACHE_DIR", str(tmp_path / "whole"))
+    whole = _generated_outputs(pn.ODE(coupled, n_states=4, n_theta=2), y, p)
+    monkeypatch.setenv("PYMC_PNODE_CACHE_DIR", str(tmp_path / "parts"))
+    monkeypatch.setattr(_codegen, "PART_STATEMENTS", 3)
+    monkeypatch.setattr(_codegen, "CODEGEN_VERSION", "parts-test")  # another cache key, another module
+    split = _generated_outputs(pn.ODE(coupled, n_states=4, n_theta=2), y, p)
+    sources = [path.read_text() for path in (tmp_path / "parts").glob("pnode_*.py")]
+    assert sum(source.count("_part") for source in sources) > 50  # every kind of function was split
+    assert not any("_part" in path.read_text() for path in (tmp_path / "whole").glob("pnode_*.py"))
+    assert whole.keys() == split.keys()
+    for name in whole:
+        assert np.array_equal(whole[name], split[name]), name
