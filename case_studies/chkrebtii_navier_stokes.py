@@ -73,7 +73,8 @@ def modes(K: int) -> Modes:
 
 def triads(m: Modes) -> list[list[tuple[float, tuple[int, int], tuple[int, int]]]]:
     """For each stored mode ``k``: the terms ``(c, p, q)`` of ``-Σ_{p+q=k} (p×q)/|p|² ω̂_p ω̂_q``, each unordered
-    pair once with the symmetrised coefficient ``c = -(p×q) (1/|p|² - 1/|q|²)`` (zero terms dropped)."""
+    pair once with the symmetrised coefficient ``c = -(p×q) (1/|p|² - 1/|q|²)`` (zero terms dropped, among them
+    ``p = q``, where ``p×q = 0``)."""
     out = []
     for k in map(tuple, m.half):
         terms = []
@@ -83,8 +84,6 @@ def triads(m: Modes) -> list[list[tuple[float, tuple[int, int], tuple[int, int]]
                 continue
             cross = p[0] * q[1] - p[1] * q[0]
             coef = -cross * (1.0 / (p[0] ** 2 + p[1] ** 2) - 1.0 / (q[0] ** 2 + q[1] ** 2))
-            if p == q:
-                coef *= 0.5  # the pair (p, p) appears once in the ordered sum
             if coef != 0.0:
                 terms.append((coef, p, q))
         out.append(terms)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 from numba import types as nbt
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.fg import FunctionGraph
@@ -262,36 +263,26 @@ def function_source(
     flat = simplify(flat, inputs)
     emitter = _Emitter(names)
     refs = emitter.graph(inputs, flat) if flat else []
-    fills, stores = [], []  # per output: its fill loop (sparse outputs) and its (flat index, value) pairs
+    outs = []
     for arg, (start, stop) in spans.items():
         zeros = sum(ref in _ZERO_LITERALS for ref in refs[start:stop])
         # Sparse derivatives (a Hessian has d³ entries, mostly zero): one fill loop instead of a line each,
         # so source and compile time grow with the non-zero entries.
-        fills.append(math.prod(shapes[arg]) if zeros > 1 else 0)
-        stores.append([(k, ref) for k, ref in enumerate(refs[start:stop]) if not (zeros > 1 and ref in _ZERO_LITERALS)])
+        n_fill = math.prod(shapes[arg]) if zeros > 1 else 0
+        outs.append(Output(arg, n_fill, [(k, ref) for k, ref in enumerate(refs[start:stop])
+                                         if not (n_fill and ref in _ZERO_LITERALS)]))
     args = ", ".join(["y", "t", "p", *entries.keys(), *outputs.keys()])
     decorator = f"@nb.njit({_SIGNATURE_NAMES[kind]}, cache=True, error_model='numpy')"
-    if len(emitter.lines) + sum(map(len, stores)) > PART_STATEMENTS:
-        outs = [Output(arg, n_fill, arg_stores) for arg, n_fill, arg_stores in zip(outputs, fills, stores)]
+    if len(emitter.lines) + sum(len(out.stores) for out in outs) > PART_STATEMENTS:
         return _parts_source(fname, args, decorator, load, emitter.lines, outs)
     body = load + emitter.lines
-    for arg, n_fill, arg_stores in zip(outputs, fills, stores):
-        if n_fill:
-            body += [f"{arg}_flat = {arg}.reshape({n_fill})", f"for i_ in range({n_fill}):",
-                     f"    {arg}_flat[i_] = 0.0"]
-        body += [f"{arg}[{', '.join(map(str, _unravel(k, shapes[arg])))}] = {ref}" for k, ref in arg_stores]
+    for out in outs:
+        body += _fill_lines(out)
+        body += [f"{out.arg}[{', '.join(map(str, np.unravel_index(k, shapes[out.arg])))}] = {ref}"
+                 for k, ref in out.stores]
     lines = [decorator, f"def {fname}({args}):"]
     lines += ["    " + b for b in body] or ["    pass"]
     return "\n".join(lines) + "\n"
-
-
-def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
-    """The C-order index of entry ``flat`` of an array of ``shape``."""
-    index = []
-    for size in reversed(shape):
-        index.append(flat % size)
-        flat //= size
-    return index[::-1]
 
 
 # Statements per generated function. numba's lowering and LLVM's SROA pass take time growing faster than
@@ -307,6 +298,14 @@ _NAME = re.compile(r"\b[A-Za-z_]\w*")
 Output = namedtuple("Output", ["arg", "n_fill", "stores"])
 
 
+def _fill_lines(out: Output) -> list[str]:
+    """The loop that zeroes a sparse output before its non-zero entries are written (none for a dense one)."""
+    if not out.n_fill:
+        return []
+    return [f"{out.arg}_flat = {out.arg}.reshape({out.n_fill})", f"for i_ in range({out.n_fill}):",
+            f"    {out.arg}_flat[i_] = 0.0"]
+
+
 def _parts_source(fname: str, args: str, decorator: str, load: list[str], assigns: list[str],
                   outputs: list[Output]) -> str:
     """``fname`` as a sequence of calls of part functions of about :data:`PART_STATEMENTS` statements each.
@@ -318,14 +317,14 @@ def _parts_source(fname: str, args: str, decorator: str, load: list[str], assign
     """
     loads = {line.split(" = ", 1)[0]: line for line in load}
     chunks = [assigns[i:i + PART_STATEMENTS] for i in range(0, len(assigns), PART_STATEMENTS)] or [[]]
-    part_of = {line.split(" = ", 1)[0]: i for i, chunk in enumerate(chunks) for line in chunk}
+    defined = [{line.split(" = ", 1)[0] for line in chunk} for chunk in chunks]
+    part_of = {name: i for i, names in enumerate(defined) for name in names}
     writes = [[] for _ in chunks]  # (output, flat index, value) written by each part, where the value is made
     for out in outputs:
         for k, ref in out.stores:
             writes[part_of.get(ref, 0)].append((out.arg, k, ref))
     used = [{name for line in chunk for name in _NAME.findall(line.split(" = ", 1)[1])} | {w[2] for w in writes[i]}
             for i, chunk in enumerate(chunks)]
-    defined = [{line.split(" = ", 1)[0] for line in chunk} for chunk in chunks]
     slots: dict[str, int] = {}
     for i in range(len(chunks) - 1):  # a value read by a later part gets a slot
         for name in sorted(defined[i] & set().union(*used[i + 1:]), key=_value_number):
@@ -345,10 +344,7 @@ def _parts_source(fname: str, args: str, decorator: str, load: list[str], assign
         source += ["@nb.njit(cache=True, error_model='numpy')", f"def _{fname}_part{i}({args}, s_):"]
         source += ["    " + line for line in body or ["pass"]] + [""]
     source += [decorator, f"def {fname}({args}):", f"    s_ = np.empty({max(len(slots), 1)})"]
-    for out in outputs:
-        if out.n_fill:
-            source += [f"    {out.arg}_flat = {out.arg}.reshape({out.n_fill})", f"    for i_ in range({out.n_fill}):",
-                       f"        {out.arg}_flat[i_] = 0.0"]
+    source += ["    " + line for out in outputs for line in _fill_lines(out)]
     source += [f"    _{fname}_part{i}({args}, s_)" for i in range(len(chunks))]
     return "\n".join(source) + "\n"
 
