@@ -1,5 +1,5 @@
 """Two ways the Fenrir defaults go wrong (found 2026-11-28 by a robustness sweep; the first is now solved again at
-tighter tolerances, or flagged where that does not help; its cause is not fixed).
+tighter tolerances, or flagged where that does not help; its cause is not fixed; the second is flagged).
 
 1. **A state that starts far below ``atol`` and grows** (an epidemic from a small seed): SIR on counts, β = 3e-4,
    γ = 0.1, S0 = 1000, I observed every 5 days with σ = 5, data drawn with no outbreak in them. From I0 = 1e-5 the
@@ -14,8 +14,9 @@ tighter tolerances, or flagged where that does not help; its cause is not fixed)
    check alone sees nothing and classical solvers are wrong too (caught by the start rule: a nonzero entry of y0
    below atol counts as over the tolerance and is re-solved).
 2. **A gradient at an exact equilibrium** (logistic growth at y0 = 0, a natural initial point of ``y0 ~ N(0, 1)``):
-   every ODE residual is exactly zero, so the calibrated diffusion sits at its floor and its path is cut from the
-   gradient, while for any y0 ≠ 0 the gradient has it: the gradient at 0 is not the derivative of the value there.
+   every ODE residual is exactly zero, so the step-size controller and the calibrated local diffusion (at its floor)
+   have no information there, while for any y0 ≠ 0 they do: the gradient at 0 is not the derivative of the value
+   there. Such gradients are counted (``n_equilibrium_gradient``) and warned (the "flagged" column).
 
 A pointer to the cause of the first (``quadrature_defects``): the filtered means of a uniform-diffusion ODE filter
 (``pn.solve(diffusion="calibrated")``, whose means are those of Fenrir's grid-choosing unit-diffusion pass) often
@@ -135,15 +136,21 @@ def equilibrium_gradient() -> list[str]:
     data = sigma * np.random.default_rng(0).standard_normal(times.size)
     ode = pn.ODE(logistic, n_states=1, n_theta=2)
     y0 = pt.dvector("y0")
-    rows = ["| settings | y0 | value | gradient | central difference (h = 1e-9) |", "| --- | --- | --- | --- | --- |"]
+    rows = ["| settings | y0 | value | gradient | central difference (h = 1e-9) | flagged |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for label, kwargs in (("defaults", {}), ("step 0.25, local κ", dict(step=0.25, diffusion="local")),
                           ("step 0.25, global κ", dict(step=0.25, diffusion="global"))):
         ll = pn.fenrir_loglik(ode, y0, theta, times, data, obs_sigma=sigma, **kwargs)
-        f = pytensor.function([y0], [ll, pytensor.grad(ll, y0)])
+        f, value_f = pytensor.function([y0], [ll, pytensor.grad(ll, y0)]), pytensor.function([y0], ll)
+        counts = ll.owner.inputs[0].owner.op.problem.diagnostics  # Sum(FenrirOp(...))
         for start in (0.0, 1e-12):
-            value, grad = f([start])
-            fd = (f([start + 1e-9])[0] - f([start - 1e-9])[0]) / 2e-9
-            rows.append(f"| {label} | {start:g} | {float(value):.6f} | {grad[0]:+.6g} | {float(fd):+.6g} |")
+            before = counts.n_equilibrium_gradient
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", pn.AccuracyWarning)
+                value, grad = f([start])
+            flagged = "yes" if counts.n_equilibrium_gradient > before else "no"
+            fd = (value_f([start + 1e-9]) - value_f([start - 1e-9])) / 2e-9
+            rows.append(f"| {label} | {start:g} | {float(value):.6f} | {grad[0]:+.6g} | {float(fd):+.6g} | {flagged} |")
     return rows
 
 

@@ -7,7 +7,9 @@ and warns, once per likelihood and process, when the step is too coarse.
 
 Derivatives computed through covariance congruences can be rounding noise where the filter's gain is huge
 (near unstable invariant sets): :func:`needs_rounding_check` and :func:`reproducible` decide when such
-derivatives are refused, which is counted and warned about with either kind of step.
+derivatives are refused, which is counted and warned about with either kind of step. Derivatives computed at a
+solution that sits exactly at an equilibrium of the vector field, where error control and the local diffusion have
+no information, are counted and warned about too (``n_equilibrium_gradient``).
 
 Counts made in other processes (the chains of ``pm.sample(cores>1)``) reach the process that built the
 model through small spool files: a copy of the counts that arrives in another process (pickled, or
@@ -44,7 +46,7 @@ import numpy as np
 _SPOOL_DIR = os.path.join(tempfile.gettempdir(), "pymc_pnode_counts")
 _FLUSH_INTERVAL = 0.5  # seconds between a worker's spool-file updates
 _COUNTS = ("n_evaluations", "n_steps", "n_rejected", "n_over_tolerance", "n_failed", "n_unreliable_gradient",
-           "n_tightened")
+           "n_tightened", "n_equilibrium_gradient", "n_failed_draws")
 _SHARED_KEYS: set[str] = set()  # keys of counts shared with other processes by this one
 _WATCH_POLL = 0.5  # seconds between the watcher's looks at the spool files
 _WATCH_GRACE = 120.0  # a watcher whose processes write no counts within this time stops
@@ -187,6 +189,14 @@ def unresolved_start(y0: np.ndarray, atol: float) -> float:
     return float(atol / nonzero.min()) if nonzero.size else 0.0
 
 
+def uninformed_derivatives(n_zero_residual: int, adaptive: bool, local_diffusion: bool) -> bool:
+    """Whether derivatives of a solve were computed where its steps or diffusions had no information: some step's
+    ODE residual was exactly zero (``n_zero_residual``; a solution at an equilibrium of the field) and the step
+    sizes (``adaptive``) or the diffusions (``local_diffusion``) came from those residuals. (With a fixed step and a
+    fixed or global diffusion nothing depends on them: there the derivatives are those of nearby inputs.)"""
+    return n_zero_residual > 0 and (adaptive or local_diffusion)
+
+
 class AccuracyWarning(UserWarning):
     """A likelihood was evaluated where its numerical solution misses the requested tolerance."""
 
@@ -238,6 +248,19 @@ class SolverDiagnostics:
         kernel's rounding bound was large and the derivatives changed when recomputed with other rounding
         errors (:func:`reproducible`; ``docs/fenrir.md``, "Gradients on strongly unstable invariant sets").
         Warns with either kind of step. (A Fenrir value computed without its gradient is not checked.)
+    n_equilibrium_gradient : int
+        Evaluations whose derivatives were computed at a solution that sat exactly at an equilibrium of the vector
+        field over some step — every ODE residual exactly zero
+        (:func:`~pymc_pnode.filtering.calibration.uninformative_residual`; e.g. logistic growth from ``y0 = 0``) —
+        with error-controlled steps or the local diffusion. There the step-size controller and the local diffusion
+        have no information, so the grid and diffusions, and the derivatives exact for them, can be far from those
+        at any nearby input (logistic growth: −594 against the value's central difference −36,462;
+        ``docs/fenrir.md``, "Known failures"). The value is accurate; the evaluation is not refused (a sampler's
+        next point is almost surely off the equilibrium). Warns (once), with either kind of step.
+    n_failed_draws : int
+        Predictive draws (``pm.sample_prior_predictive``, ``pm.sample_posterior_predictive``) whose solve failed —
+        no solution over the data's time span (a blow-up) or the solver gave up — and which are therefore NaN.
+        Not among ``n_evaluations``. Warns (once).
     max_error : float
         Largest scaled local error estimate or quadrature defect seen (``≤ 1`` means within tolerance).
     suggested_step : float or None
@@ -256,15 +279,19 @@ class SolverDiagnostics:
     n_failed: int = 0
     n_unreliable_gradient: int = 0
     n_tightened: int = 0
+    n_equilibrium_gradient: int = 0
+    n_failed_draws: int = 0
     max_error: float = 0.0
     last_failure: str = ""
     _warned: bool = field(default=False, repr=False)
     _warned_gradient: bool = field(default=False, repr=False)
+    _warned_equilibrium: bool = field(default=False, repr=False)
+    _warned_draws: bool = field(default=False, repr=False)
     key: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
     _owner_pid: int = field(default_factory=os.getpid, repr=False)
     _counting_pid: int = field(default_factory=os.getpid, repr=False)  # the process these counts are from
     _last_flush: float = field(default=0.0, repr=False)
-    _reported: tuple = field(default=(0, 0, 0), repr=False)
+    _reported: tuple = field(default=(0, 0, 0, 0), repr=False)
 
     def __post_init__(self) -> None:
         _LIVE.setdefault(self.key, self)  # the fork hook shares these with the children (copies keep the key)
@@ -348,26 +375,32 @@ class SolverDiagnostics:
     def suggested_step(self) -> float | None:
         return None if self.step is None else suggested_step(self.step, self.max_error, self.order)
 
-    def _warning_counts(self) -> tuple[int, int, int]:
-        """The counts that warn: a fixed step's misses and failures, and refused gradients (any step)."""
-        if self.step is None:  # error control fails only without a solution over the span (or at max_steps)
-            return self.n_over_tolerance, 0, self.n_unreliable_gradient
-        return self.n_over_tolerance, self.n_failed, self.n_unreliable_gradient
+    def _warning_counts(self) -> tuple[int, int, int, int]:
+        """The counts that warn: a fixed step's misses and failures, refused gradients and gradients at an
+        equilibrium (any step)."""
+        failed = 0 if self.step is None else self.n_failed  # error control fails only where there is no solution
+        return self.n_over_tolerance, failed, self.n_unreliable_gradient, self.n_equilibrium_gradient
 
     def record(self, n_steps: int, n_rejected: int, max_error: float, failed: bool, warn: bool = True,
-               unreliable_gradient: bool = False, failure: str = "", tightened: bool = False) -> None:
+               unreliable_gradient: bool = False, failure: str = "", tightened: bool = False,
+               equilibrium_gradient: bool = False) -> None:
         """Count one evaluation; warn (if ``warn``) the first time a solution misses the tolerances, the
-        first time a gradient is refused (``unreliable_gradient``: a failure of that kind), and an
-        error-controlled failure while no evaluation has succeeded. ``failure`` says why a failed solve stopped;
-        ``tightened``: the evaluation was solved again at tighter tolerances."""
+        first time a gradient is refused (``unreliable_gradient``: a failure of that kind), the first time a
+        gradient is computed at an exact equilibrium (``equilibrium_gradient``), and an error-controlled failure
+        while no evaluation has succeeded. ``failure`` says why a failed solve stopped; ``tightened``: the
+        evaluation was solved again at tighter tolerances."""
         if os.getpid() != self._counting_pid:
             self._count_in_this_process()
         self.n_evaluations += 1
         self.n_tightened += int(tightened)
+        self.n_equilibrium_gradient += int(equilibrium_gradient)
         self.n_steps += int(n_steps)
         self.n_rejected += int(n_rejected)
         if os.getpid() != self._owner_pid and time.monotonic() - self._last_flush > _FLUSH_INTERVAL:
             self.flush()
+        if equilibrium_gradient and warn and not self._warned_equilibrium:
+            self._warned_equilibrium = True
+            warnings.warn(self.message(), AccuracyWarning, stacklevel=3)
         if unreliable_gradient:
             self.n_failed += 1
             self.n_unreliable_gradient += 1
@@ -390,6 +423,17 @@ class SolverDiagnostics:
             self.n_over_tolerance += 1
         if warn and not self._warned:
             self._warned = True
+            warnings.warn(self.message(), AccuracyWarning, stacklevel=3)
+
+    def record_failed_draw(self, failure: str) -> None:
+        """Count a predictive draw whose solve failed (it is NaN; ``failure`` says why and where); warn the first
+        time."""
+        if os.getpid() != self._counting_pid:
+            self._count_in_this_process()
+        self.n_failed_draws += 1
+        self.last_failure = failure
+        if not self._warned_draws:
+            self._warned_draws = True
             warnings.warn(self.message(), AccuracyWarning, stacklevel=3)
 
     def message(self) -> str:
@@ -430,6 +474,24 @@ class SolverDiagnostics:
                 f"updates amplify rounding errors there; one known cause is an unstable invariant set of the ODE, see "
                 f"docs/fenrir.md, 'Gradients on strongly unstable invariant sets')."
             )
+        if self.n_equilibrium_gradient:
+            parts.append(
+                f"{self.n_equilibrium_gradient} of {self.n_evaluations} evaluations computed derivatives at a solution "
+                f"that sits exactly at an equilibrium of the vector field (every ODE residual zero over some step, "
+                f"e.g. a growth model from y0 = 0): there neither the step-size control nor the local diffusion has "
+                f"information, and the derivatives can be far from those of the likelihood at any nearby point (the "
+                f"value itself is accurate; docs/fenrir.md, 'Known failures'). Start samplers and optimisers off exact "
+                f"equilibria (the default jitter of pm.sample does). (A solution that the prior represents exactly, a "
+                f"polynomial of degree <= the solver's order such as free fall, is flagged too; its derivatives are "
+                f"right.)"
+            )
+        if self.n_failed_draws:
+            parts.append(
+                f"{self.n_failed_draws} predictive draw(s) so far have no solution over the data's time span and are "
+                f"NaN (the latest: {self.last_failure}): the ODE blows up, or the solver gives up, at those parameter "
+                f"values. Count or drop them (np.isnan) before summarising the draws; the total is n_failed_draws of "
+                f"pn.fenrir_diagnostics(model)."
+            )
         return f"{self.label}: " + " ".join(parts)
 
     def as_dict(self) -> dict:
@@ -442,6 +504,8 @@ class SolverDiagnostics:
             "n_failed": self.n_failed,
             "n_unreliable_gradient": self.n_unreliable_gradient,
             "n_tightened": self.n_tightened,
+            "n_equilibrium_gradient": self.n_equilibrium_gradient,
+            "n_failed_draws": self.n_failed_draws,
             "max_error": self.max_error,
             "suggested_step": self.suggested_step,
             "last_failure": self.last_failure,

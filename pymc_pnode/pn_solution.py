@@ -29,6 +29,7 @@ from pymc_pnode.accuracy import (
     needs_rounding_check,
     reproducible,
     solve_to_tolerance,
+    uninformed_derivatives,
 )
 from pymc_pnode.differential_equation import flag_failed_solve
 from pymc_pnode.discontinuities import declared_restarts, restart_state, split_times
@@ -110,7 +111,9 @@ class PNSolutionProblem:
         A failed solve gives ``log_ok = [-inf]``, the last marginals it reached (the initial state if
         none) in place of the missing ones, an identity covariance across times and zero Jacobians. So does a
         solve whose Jacobians are rounding noise (:mod:`pymc_pnode.accuracy`: where the filter's gain is huge,
-        e.g. near an unstable invariant set); it is counted in :attr:`diagnostics` and warns once.
+        e.g. near an unstable invariant set); it is counted in :attr:`diagnostics` and warns once. Jacobians at a
+        solution that sits exactly at an equilibrium of the field, with error control or the local diffusion, are
+        returned but counted and warned about (``n_equilibrium_gradient``).
         """
         ode, q, d = self.ode, self.solver.order, self.ode.n_states
         # writable copies of the right sizes (the generated functions take writable arrays)
@@ -142,8 +145,10 @@ class PNSolutionProblem:
         if needs_rounding_check(rounding):
             again = self._jacobians(sol, theta, seeds * RESCALE)
             refused = not reproducible((jac_mean, jac_std, jac_cov), (again[0], again[1], again[3]))
+        local = solve_diffusion_mode(self.diffusion, self.step is None)[0] == DIFFUSION_LOCAL
+        equilibrium = not refused and uninformed_derivatives(sol.stats["n_zero_residual"], self.step is None, local)
         self.diagnostics.record(n_steps, n_rejected, accuracy, failed=refused, unreliable_gradient=refused,
-                                tightened=len(tried) > 1)
+                                tightened=len(tried) > 1, equilibrium_gradient=equilibrium)
         if refused:
             return self._failed(sol, y0)
         return Evaluation(sol.mean, sol.std, cov.reshape(self.n_cov, self.n_cov), jac_mean, jac_std,

@@ -197,7 +197,10 @@ class ProbabilisticSolution:
         ``message``, ``t_final`` (the last time reached), the calibrated ``diffusion`` (the mean over the steps for
         the local one), ``max_error``, the largest scaled local error estimate of a step (1 = at the tolerances),
         and ``max_defect``, the largest scaled disagreement of the means with their own derivatives over a step
-        (:func:`~pymc_pnode.filtering.calibration.quadrature_defect`; 1 = at the tolerances).
+        (:func:`~pymc_pnode.filtering.calibration.quadrature_defect`; 1 = at the tolerances), and
+        ``n_zero_residual``, the steps whose ODE residual was exactly zero (the solution at an equilibrium of the
+        field: there neither the step size nor a local diffusion has information, see
+        :func:`~pymc_pnode.filtering.calibration.uninformative_residual`).
     run : ForwardRun
         The filter on its grid (:data:`pymc_pnode.filtering.odefilter.ForwardRun`): ``grid``, filter means
         ``mu`` and right square roots ``r`` of the covariances (``(N, D, D)``, or ``(N, n_blocks, q+1, q+1)`` for
@@ -414,9 +417,9 @@ class PiecewiseSolution:
     t, mean, cov, std, state_mean
         As in :class:`ProbabilisticSolution`, over all segments (an output time at a jump is solved just before it).
     stats : dict
-        Sums of ``n_steps``, ``n_rejected`` and ``n_f_evals``; ``success``, ``status`` and ``message`` of the first
-        segment that failed (a failed segment ends the solve); ``t_final``; ``diffusion``: one per segment;
-        ``max_error`` and ``max_defect``: the largest over the segments.
+        Sums of ``n_steps``, ``n_rejected``, ``n_f_evals`` and ``n_zero_residual``; ``success``, ``status`` and
+        ``message`` of the first segment that failed (a failed segment ends the solve); ``t_final``; ``diffusion``:
+        one per segment; ``max_error`` and ``max_defect``: the largest over the segments.
     pieces : list of tuple
         ``(solution, outputs)`` per segment solved: its :class:`ProbabilisticSolution` and the indices of its
         outputs that are outputs of the whole solve.
@@ -431,7 +434,8 @@ class PiecewiseSolution:
         self.pieces = pieces
         sols = [sol for sol, _ in pieces]
         failed = next((sol for sol in sols if not sol.success), None)
-        self.stats = {key: int(sum(sol.stats[key] for sol in sols)) for key in ("n_steps", "n_rejected", "n_f_evals")}
+        summed = ("n_steps", "n_rejected", "n_f_evals", "n_zero_residual")
+        self.stats = {key: int(sum(sol.stats[key] for sol in sols)) for key in summed}
         self.stats.update({
             "status": int(STATUS_SUCCESS if failed is None else failed.stats["status"]),
             "success": failed is None and complete,
@@ -693,7 +697,7 @@ def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | N
     if not np.all(np.isfinite(mu0)):
         run = allocate_run(1, q, d, False, r0)
         run.grid[0], run.mu[0], run.r[0], run.kappa[0] = t0, mu0, 0.0, 0.0
-        counts = ForwardStats(0, 0, 0, STATUS_NONFINITE, 0.0, 0.0)
+        counts = ForwardStats(0, 0, 0, STATUS_NONFINITE, 0.0, 0.0, 0)
     else:
         h0 = initial_step_size(ode.rhs.address, y0, t0, theta, float(rtol), float(atol)) if adaptive else 0.0
         stepping = Stepping(adaptive, min(h0, t1 - t0), float(rtol), float(atol), max_steps, True)
@@ -718,6 +722,7 @@ def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | N
         "diffusion": float(sigma2),
         "t_final": float(run.grid[-1]),
         "max_error": float(counts.max_error),
+        "n_zero_residual": int(counts.n_zero_residual),
         "max_defect": float(quadrature_defect(run.grid, run.mu, q, d, float(rtol), float(atol))),
     }
     return ProbabilisticSolution(ode, theta, solver, run, out_index, stats, smooth)

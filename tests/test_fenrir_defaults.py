@@ -219,6 +219,30 @@ def test_max_steps_and_blow_up_give_minus_infinity_and_are_counted(fhn_ode):
     assert solvable.diagnostics.n_failed == 1
 
 
+def test_predictive_draws_without_a_solution_are_nan_counted_and_warned():
+    """Prior predictive draws of the finite-time blow-up model: where the draw of a puts the blow-up inside the data's
+    span (a y1(0) > b, t* = log(a / (a - b)) / b < 5) the draw is NaN — counted in ``n_failed_draws`` and warned
+    once; every other draw is finite."""
+    func, _, y0, times, _, sd, _ = CASES["finite-time blow-up"]
+    ode = pn.ODE(func, n_states=2, n_theta=2)
+    with pm.Model() as model:
+        a = pm.HalfNormal("a", 1.0)
+        pn.Fenrir("y", ode, y0=y0, theta=pt.stack([a, 1.0]), times=times, observed=np.ones((times.size, 1)),
+                  obs_matrix=[[1.0, 0.0]], obs_sigma=sd)
+    with pytest.warns(pn.AccuracyWarning, match=r"1 predictive draw\(s\) so far have no solution over the data's "
+                      r"time span and are NaN \(the latest: .*at t = "):
+        prior = pm.sample_prior_predictive(40, model=model, random_seed=3)
+    a_draws = prior.prior["a"].values.ravel()
+    failed = np.isnan(prior.prior_predictive["y"].values).any(axis=(-2, -1)).ravel()
+    blows_up = (a_draws > 1.0) & (np.log(a_draws / np.maximum(a_draws - 1.0, 1e-300)) < times[-1])
+    np.testing.assert_array_equal(failed, blows_up)
+    assert 0 < failed.sum() < failed.size
+    assert np.isfinite(prior.prior_predictive["y"].values[..., ~failed, :, :]).all()
+    counts = pn.fenrir_diagnostics(model)["y"]
+    assert counts.n_failed_draws == failed.sum() and counts.as_dict()["n_failed_draws"] == failed.sum()
+    assert counts.n_evaluations == 0  # draws are not likelihood evaluations
+
+
 def _susceptible_infected(y, t, p):
     infections = p[0] * y[0] * y[1]
     return [-infections, infections - p[1] * y[1]]

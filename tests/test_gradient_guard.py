@@ -5,6 +5,9 @@ The covariance-form adjoint of an update applies the congruence ``(I − K H)ᵀ
 (``H x`` has a far smaller variance than its terms) float64 rounding can swamp the result. The kernel bounds
 that rounding at every update (:func:`~pymc_pnode.filtering.update.congruence_rounding`); above a threshold the
 gradient is recomputed with other rounding errors and refused (``-inf``, counted, warned) if it changed.
+
+Also here: derivatives at a solution that sits exactly at an equilibrium of the vector field, where error control
+and the local diffusion have no information (docs/fenrir.md, "Known failures"), are counted and warned.
 """
 
 import warnings
@@ -14,6 +17,7 @@ import pytensor
 import pytensor.tensor as pt
 import pytest
 from scipy.integrate import solve_ivp
+from scipy.stats import norm
 
 import pymc_pnode as pn
 from pymc_pnode.accuracy import ROUNDING_CHECK
@@ -24,6 +28,7 @@ from pymc_pnode.filtering.update import (
     update_adjoint,
     update_adjoint_work,
 )
+from pymc_pnode.pn_solution import PNSolutionProblem
 
 
 def _adjoint_in_float64(sp, hm, sbar):
@@ -147,8 +152,6 @@ def test_gradient_away_from_the_invariant_set_is_kept_and_exact(unstable_lv):
 @pytest.fixture(scope="module")
 def unstable_lv_solution():
     """:class:`PNSolutionProblem` of the same Lotka–Volterra ODE, grid and diffusion (filtering marginals)."""
-    from pymc_pnode.pn_solution import PNSolutionProblem
-
     ode = pn.ODE(_lv, n_states=2, n_theta=4)
     times = np.round(np.arange(0.1, 2.0001, 0.1), 10)
     return PNSolutionProblem(ode, times, pn.EK1(order=5), 5e-3, 1e-4, 1e-6, 20_000, float(np.exp(19.2292975)))
@@ -171,3 +174,70 @@ def test_probabilistic_solution_jacobians_that_are_rounding_noise_are_refused(un
     up, down = problem.evaluate(y0, theta + [h, 0, 0, 0]), problem.evaluate(y0, theta - [h, 0, 0, 0])
     np.testing.assert_allclose(kept.jac_mean[..., 2], (up.mean - down.mean) / (2 * h), rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(kept.jac_std[..., 2], (up.std - down.std) / (2 * h), rtol=1e-4, atol=1e-12)
+
+
+def _logistic(y, t, p):
+    return [p[0] * y[0] * (1 - y[0] / p[1])]
+
+
+@pytest.fixture(scope="module")
+def logistic_ode():
+    return pn.ODE(_logistic, n_states=1, n_theta=2)
+
+
+def _equilibrium_warnings(caught) -> int:
+    return sum("exactly at an equilibrium" in str(w.message) for w in caught
+               if issubclass(w.category, pn.AccuracyWarning))
+
+
+@pytest.mark.parametrize("kwargs, flagged", [({}, True), (dict(step=0.25, diffusion="local"), True),
+                                             (dict(step=0.25, diffusion="global"), False)])
+def test_a_gradient_at_an_exact_equilibrium_is_counted_and_warned(logistic_ode, kwargs, flagged):
+    """Logistic growth from y0 = 0, an equilibrium (and the initial point of a ``y0 ~ N(0, 1)`` prior): every ODE
+    residual is exactly zero, so error control and the local diffusion have no information there, and the gradient
+    is far from the derivative of the value (defaults: −594 against −36,462). The value is exact; the gradient is
+    counted and warned, not only at the defaults. A fixed step with the global diffusion depends on no residual:
+    its gradient at 0 is the derivative, and quiet. Off the equilibrium: quiet, gradients exact."""
+    times, sigma = np.linspace(1.0, 12.0, 12), 0.2
+    data = sigma * np.random.default_rng(0).standard_normal(times.size)
+    y0 = pt.dvector("y0")
+    ll = pn.fenrir_loglik(logistic_ode, y0, np.array([0.8, 10.0]), times, data, obs_sigma=sigma, **kwargs)
+    fn, value_fn = pytensor.function([y0], [ll, pytensor.grad(ll, y0)]), pytensor.function([y0], ll)
+    counts = _counts(ll)
+
+    def central_difference(y, h):
+        return (value_fn([y + h]) - value_fn([y - h])) / (2 * h)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert value_fn([0.0]) == pytest.approx(norm.logpdf(data, 0.0, sigma).sum(), abs=1e-9)  # the solution ≡ 0
+        assert _equilibrium_warnings(caught) == 0  # a value alone is not flagged
+        value, grad = fn([0.0])
+        assert _equilibrium_warnings(caught) == int(flagged) and counts.n_equilibrium_gradient == int(flagged)
+        derivative = central_difference(0.0, 1e-9)
+        if flagged:
+            assert abs(grad[0] - derivative) > 0.05 * abs(derivative)  # why it is flagged (−594 vs −36,462)
+        else:
+            np.testing.assert_allclose(grad[0], derivative, rtol=1e-5)
+        for start in (1e-3, 0.02):  # (below 0 the solution blows down to −∞ before t = 12)
+            assert np.isfinite(fn([start])[0])
+            np.testing.assert_allclose(fn([start])[1][0], central_difference(start, 1e-7), rtol=1e-4)
+        assert counts.n_equilibrium_gradient == int(flagged) and counts.as_dict()["n_equilibrium_gradient"] == int(
+            flagged)
+
+
+def test_probabilistic_solution_jacobians_at_an_exact_equilibrium_are_counted_and_warned(logistic_ode):
+    """The same for ``pn.probabilistic_solution`` (error control, local diffusion): at y0 = 0 every residual is
+    zero (``pn.solve`` reports them in ``stats["n_zero_residual"]``) and the Jacobians are flagged; off it, none."""
+    times, theta = np.linspace(1.0, 12.0, 12), np.array([0.8, 10.0])
+    problem = PNSolutionProblem(logistic_ode, times, pn.EK1(3), None, 1e-6, 1e-9, 100_000, None)
+    sol = pn.solve(logistic_ode, [0.0], theta, (0.0, 12.0), save_at=times)
+    assert sol.stats["n_zero_residual"] == sol.stats["n_steps"] > 0
+    assert pn.solve(logistic_ode, [1e-3], theta, (0.0, 12.0), save_at=times).stats["n_zero_residual"] == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        at_zero = problem.evaluate(np.array([0.0]), theta)
+        assert _equilibrium_warnings(caught) == 1 and problem.diagnostics.n_equilibrium_gradient == 1
+        assert at_zero.log_ok[0] == 0.0 and not at_zero.mean.any()  # kept: the value is exact
+        problem.evaluate(np.array([1e-3]), theta)
+    assert problem.diagnostics.n_equilibrium_gradient == 1

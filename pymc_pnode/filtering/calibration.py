@@ -37,6 +37,17 @@ def floored_kappa(kappa: float) -> float:
 
 
 @nb.njit(**INLINE_JIT)
+def uninformative_residual(zhat: np.ndarray, d: int) -> bool:
+    """Whether a step's ODE residual ``ẑ`` is exactly zero (a solution at an equilibrium of the field, or one the
+    prior represents exactly): the step's error estimate and local diffusion are then zero (floored), whatever the
+    solution's sensitivity to its inputs, so a grid and diffusions chosen there say nothing about nearby inputs."""
+    for k in range(d):
+        if zhat[k] != 0.0:
+            return False
+    return True
+
+
+@nb.njit(**INLINE_JIT)
 def global_kappa(stat_sum: float, n_steps: int, d: int) -> float:
     """The global quasi-MLE ``κ̂ = Σ ẑᵀ S⁻¹ ẑ / (N d)`` of a unit-diffusion run (1 without steps, NaN if not finite)."""
     if n_steps == 0:

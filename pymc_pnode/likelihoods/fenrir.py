@@ -29,6 +29,7 @@ from pymc_pnode.accuracy import (
     needs_rounding_check,
     reproducible,
     solve_to_tolerance,
+    uninformed_derivatives,
 )
 from pymc_pnode.discontinuities import declared_restarts, restart_state, split_times
 from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, FenrirArguments, FenrirFunctions, fenrir_kernel
@@ -346,7 +347,7 @@ class FenrirProblem:
               and np.all(np.isfinite(jumps)))
         n_steps = n_rejected = 0
         max_err = math.nan
-        unreliable = tightened = False
+        unreliable = tightened = equilibrium = False
         failure = ""
         grid = self.segments[0].grid[:1]
         if ok:
@@ -378,10 +379,11 @@ class FenrirProblem:
             grid = np.concatenate([r.grid for r in results])
             failure = next((r.failure for r in results if r.failure), "")
             unreliable = any(r.unreliable for r in results)
-        (self.diagnostics if diagnostics is None else diagnostics).record(n_steps, n_rejected, max_err,
-                                                                          failed=not ok, warn=warn,
-                                                                          unreliable_gradient=unreliable,
-                                                                          failure=failure, tightened=tightened)
+            equilibrium = want_grad and ok and uninformed_derivatives(
+                int(sum(r.info[7] for r in results)), self.control.adaptive, self.diffusion_mode == DIFFUSION_LOCAL)
+        (self.diagnostics if diagnostics is None else diagnostics).record(
+            n_steps, n_rejected, max_err, failed=not ok, warn=warn, unreliable_gradient=unreliable, failure=failure,
+            tightened=tightened, equilibrium_gradient=equilibrium)
         if not ok:
             terms = np.full(data.shape[0], -np.inf)
             grad = np.zeros(self.n_directions)
@@ -662,7 +664,8 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, jumps, rng
     """Data drawn from the Fenrir generative model: a PN posterior trajectory plus noise (``jumps``: the state's
     jumps at the discontinuities, any shape with ``n_jumps × n_states`` entries, or ``None``).
 
-    ``size`` is the batch shape ``(..., T)``; every leading index gets its own trajectory.
+    ``size`` is the batch shape ``(..., T)``; every leading index gets its own trajectory. A failed solve gives NaN,
+    counted in ``problem.diagnostics.n_failed_draws`` and warned.
     """
     ode = problem.ode
     rng = np.random.default_rng(rng)
@@ -683,7 +686,8 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, jumps, rng
                 rtol=control.rtol, atol=control.atol, max_steps=control.max_steps, save_at=problem.times,
                 diffusion=DIFFUSION_ARGUMENTS.get(problem.diffusion_mode, float(kappa)),
                 discontinuities=problem.discontinuities, jumps=jumps)
-    if not sol.success:
+    if not sol.success:  # no data without a solution: NaN, counted and warned
+        problem.diagnostics.record_failed_draw(f"{sol.stats['message']}, at t = {sol.stats['t_final']:.6g}")
         return np.full(batch + (m,), np.nan)
     traj = sol.sample(n, rng=rng)  # (n, T, d)
     sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64).reshape(-1), (m,))
@@ -719,8 +723,9 @@ def Fenrir(
     log-probability is the Fenrir marginal likelihood (see :func:`fenrir_loglik`), one term per
     observation time, so ``pm.compute_log_likelihood`` and ``arviz.loo`` work. Prior and posterior
     predictive draws sample a trajectory from the probabilistic numerical solution and add
-    observation noise. Missing values (NaN) are skipped by the likelihood; they are stored as 0 in
-    the observed data of the model.
+    observation noise (a draw at parameter values without a solution over ``times``, e.g. past a blow-up, is NaN,
+    counted in ``n_failed_draws`` of :func:`fenrir_diagnostics` and warned). Missing values (NaN) are skipped by the
+    likelihood; they are stored as 0 in the observed data of the model.
 
     Parameters
     ----------
