@@ -189,12 +189,12 @@ def unresolved_start(y0: np.ndarray, atol: float) -> float:
     return float(atol / nonzero.min()) if nonzero.size else 0.0
 
 
-def uninformed_derivatives(n_zero_residual: int, adaptive: bool, local_diffusion: bool) -> bool:
-    """Whether derivatives of a solve were computed where its steps or diffusions had no information: some step's
-    ODE residual was exactly zero (``n_zero_residual``; a solution at an equilibrium of the field) and the step
+def uninformed_derivatives(n_at_equilibrium: int, adaptive: bool, local_diffusion: bool) -> bool:
+    """Whether derivatives of a solve were computed where its steps or diffusions had no information: some step
+    sat exactly at an equilibrium of the field (``n_at_equilibrium``: ODE residual and derivative zero) and the step
     sizes (``adaptive``) or the diffusions (``local_diffusion``) came from those residuals. (With a fixed step and a
     fixed or global diffusion nothing depends on them: there the derivatives are those of nearby inputs.)"""
-    return n_zero_residual > 0 and (adaptive or local_diffusion)
+    return n_at_equilibrium > 0 and (adaptive or local_diffusion)
 
 
 class AccuracyWarning(UserWarning):
@@ -250,8 +250,8 @@ class SolverDiagnostics:
         Warns with either kind of step. (A Fenrir value computed without its gradient is not checked.)
     n_equilibrium_gradient : int
         Evaluations whose derivatives were computed at a solution that sat exactly at an equilibrium of the vector
-        field over some step — every ODE residual exactly zero
-        (:func:`~pymc_pnode.filtering.calibration.uninformative_residual`; e.g. logistic growth from ``y0 = 0``) —
+        field over some step — every ODE residual and derivative exactly zero
+        (:func:`~pymc_pnode.filtering.calibration.at_equilibrium`; e.g. logistic growth from ``y0 = 0``) —
         with error-controlled steps or the local diffusion. There the step-size controller and the local diffusion
         have no information, so the grid and diffusions, and the derivatives exact for them, can be far from those
         at any nearby input (logistic growth: −594 against the value's central difference −36,462;
@@ -477,13 +477,11 @@ class SolverDiagnostics:
         if self.n_equilibrium_gradient:
             parts.append(
                 f"{self.n_equilibrium_gradient} of {self.n_evaluations} evaluations computed derivatives at a solution "
-                f"that sits exactly at an equilibrium of the vector field (every ODE residual zero over some step, "
-                f"e.g. a growth model from y0 = 0): there neither the step-size control nor the local diffusion has "
-                f"information, and the derivatives can be far from those of the likelihood at any nearby point (the "
-                f"value itself is accurate; docs/fenrir.md, 'Known failures'). Start samplers and optimisers off exact "
-                f"equilibria (the default jitter of pm.sample does). (A solution that the prior represents exactly, a "
-                f"polynomial of degree <= the solver's order such as free fall, is flagged too; its derivatives are "
-                f"right.)"
+                f"that sits exactly at an equilibrium of the vector field (its ODE residual and derivative zero over "
+                f"some step, e.g. a growth model from y0 = 0): there neither the step-size control nor the local "
+                f"diffusion has information, and the derivatives can be far from those of the likelihood at any nearby "
+                f"point (the value itself is accurate; docs/fenrir.md, 'Known failures'). Start samplers and "
+                f"optimisers off exact equilibria (the default jitter of pm.sample does)."
             )
         if self.n_failed_draws:
             parts.append(

@@ -146,7 +146,7 @@ class PNSolutionProblem:
             again = self._jacobians(sol, theta, seeds * RESCALE)
             refused = not reproducible((jac_mean, jac_std, jac_cov), (again[0], again[1], again[3]))
         local = solve_diffusion_mode(self.diffusion, self.step is None)[0] == DIFFUSION_LOCAL
-        equilibrium = not refused and uninformed_derivatives(sol.stats["n_zero_residual"], self.step is None, local)
+        equilibrium = not refused and uninformed_derivatives(sol.stats["n_at_equilibrium"], self.step is None, local)
         self.diagnostics.record(n_steps, n_rejected, accuracy, failed=refused, unreliable_gradient=refused,
                                 tightened=len(tried) > 1, equilibrium_gradient=equilibrium)
         if refused:

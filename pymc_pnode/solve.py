@@ -198,9 +198,9 @@ class ProbabilisticSolution:
         the local one), ``max_error``, the largest scaled local error estimate of a step (1 = at the tolerances),
         and ``max_defect``, the largest scaled disagreement of the means with their own derivatives over a step
         (:func:`~pymc_pnode.filtering.calibration.quadrature_defect`; 1 = at the tolerances), and
-        ``n_zero_residual``, the steps whose ODE residual was exactly zero (the solution at an equilibrium of the
-        field: there neither the step size nor a local diffusion has information, see
-        :func:`~pymc_pnode.filtering.calibration.uninformative_residual`).
+        ``n_at_equilibrium``, the steps whose ODE residual and derivative were exactly zero (the solution at an
+        equilibrium of the field: there neither the step size nor a local diffusion has information, see
+        :func:`~pymc_pnode.filtering.calibration.at_equilibrium`).
     run : ForwardRun
         The filter on its grid (:data:`pymc_pnode.filtering.odefilter.ForwardRun`): ``grid``, filter means
         ``mu`` and right square roots ``r`` of the covariances (``(N, D, D)``, or ``(N, n_blocks, q+1, q+1)`` for
@@ -417,7 +417,7 @@ class PiecewiseSolution:
     t, mean, cov, std, state_mean
         As in :class:`ProbabilisticSolution`, over all segments (an output time at a jump is solved just before it).
     stats : dict
-        Sums of ``n_steps``, ``n_rejected``, ``n_f_evals`` and ``n_zero_residual``; ``success``, ``status`` and
+        Sums of ``n_steps``, ``n_rejected``, ``n_f_evals`` and ``n_at_equilibrium``; ``success``, ``status`` and
         ``message`` of the first segment that failed (a failed segment ends the solve); ``t_final``; ``diffusion``:
         one per segment; ``max_error`` and ``max_defect``: the largest over the segments.
     pieces : list of tuple
@@ -434,7 +434,7 @@ class PiecewiseSolution:
         self.pieces = pieces
         sols = [sol for sol, _ in pieces]
         failed = next((sol for sol in sols if not sol.success), None)
-        summed = ("n_steps", "n_rejected", "n_f_evals", "n_zero_residual")
+        summed = ("n_steps", "n_rejected", "n_f_evals", "n_at_equilibrium")
         self.stats = {key: int(sum(sol.stats[key] for sol in sols)) for key in summed}
         self.stats.update({
             "status": int(STATUS_SUCCESS if failed is None else failed.stats["status"]),
@@ -722,7 +722,7 @@ def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | N
         "diffusion": float(sigma2),
         "t_final": float(run.grid[-1]),
         "max_error": float(counts.max_error),
-        "n_zero_residual": int(counts.n_zero_residual),
+        "n_at_equilibrium": int(counts.n_at_equilibrium),
         "max_defect": float(quadrature_defect(run.grid, run.mu, q, d, float(rtol), float(atol))),
     }
     return ProbabilisticSolution(ode, theta, solver, run, out_index, stats, smooth)

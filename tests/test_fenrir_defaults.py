@@ -243,6 +243,43 @@ def test_predictive_draws_without_a_solution_are_nan_counted_and_warned():
     assert counts.n_evaluations == 0  # draws are not likelihood evaluations
 
 
+def _ballistic(y, t, p):
+    # height and velocity under constant acceleration p[0] plus a drag-free linear-in-t push p[1] t: a cubic, which
+    # the IWP(3) prior represents exactly
+    return [y[1], -p[0] + p[1] * t]
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(step=0.1), dict(step=0.1, diffusion="global")])
+def test_a_solution_the_prior_represents_exactly_is_right_and_quiet(kwargs):
+    """A polynomial solution (degree ≤ q) has residuals of rounding noise, 0 on one step and 1e-13 on the next; their
+    local diffusions spanned 1e100 and more, and the filter's covariances went singular: at the defaults a finite
+    value 1.4·10²⁸ nats off at θ + 10⁻⁶ with no warning, with a fixed step -inf at most θ (measured). With the
+    rounding floor of the local diffusion (``calibration.rounding_kappa_term``) the value is the exact Gaussian
+    log-likelihood to rounding at every θ, the gradient matches central differences, and nothing warns (it is not an
+    equilibrium)."""
+    ode = pn.ODE(_ballistic, n_states=2, n_theta=2)
+    times, sigma = np.linspace(0.5, 3.0, 11), 0.3
+
+    def exact_path(y0, theta):
+        g, push = theta
+        return y0[0] + y0[1] * times - g * times**2 / 2 + push * times**3 / 6
+
+    data = (exact_path([1.0, 4.0], [2.0, 0.5]) + sigma * np.random.default_rng(1).standard_normal(times.size))[:, None]
+    x = pt.dvector("x")
+    ll = pn.fenrir_loglik(ode, x[:2], x[2:], times, data, obs_matrix=[[1.0, 0.0]], obs_sigma=sigma, **kwargs)
+    fn = pytensor.function([x], [ll, pytensor.grad(ll, x)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        for point in ([1.0, 4.0, 2.0, 0.5], [1.0, 4.0, 2.0 + 1e-6, 0.5], [0.5, 3.0, 1.3, -0.2], [2.0, 5.5, 2.9, 1.1]):
+            point = np.array(point)
+            value, grad = fn(point)
+            exact = norm.logpdf(data[:, 0], exact_path(point[:2], point[2:]), sigma).sum()
+            assert value == pytest.approx(exact, rel=1e-10, abs=1e-8)
+            fd = _central_differences(lambda z: fn(z)[0], point)
+            np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-6 * np.abs(fd).max())
+    assert ll.owner.inputs[0].owner.op.problem.diagnostics.n_equilibrium_gradient == 0  # Sum(FenrirOp(...))
+
+
 def _susceptible_infected(y, t, p):
     infections = p[0] * y[0] * y[1]
     return [-infections, infections - p[1] * y[1]]

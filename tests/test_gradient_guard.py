@@ -228,12 +228,12 @@ def test_a_gradient_at_an_exact_equilibrium_is_counted_and_warned(logistic_ode, 
 
 def test_probabilistic_solution_jacobians_at_an_exact_equilibrium_are_counted_and_warned(logistic_ode):
     """The same for ``pn.probabilistic_solution`` (error control, local diffusion): at y0 = 0 every residual is
-    zero (``pn.solve`` reports them in ``stats["n_zero_residual"]``) and the Jacobians are flagged; off it, none."""
+    zero (``pn.solve`` reports them in ``stats["n_at_equilibrium"]``) and the Jacobians are flagged; off it, none."""
     times, theta = np.linspace(1.0, 12.0, 12), np.array([0.8, 10.0])
     problem = PNSolutionProblem(logistic_ode, times, pn.EK1(3), None, 1e-6, 1e-9, 100_000, None)
     sol = pn.solve(logistic_ode, [0.0], theta, (0.0, 12.0), save_at=times)
-    assert sol.stats["n_zero_residual"] == sol.stats["n_steps"] > 0
-    assert pn.solve(logistic_ode, [1e-3], theta, (0.0, 12.0), save_at=times).stats["n_zero_residual"] == 0
+    assert sol.stats["n_at_equilibrium"] == sol.stats["n_steps"] > 0
+    assert pn.solve(logistic_ode, [1e-3], theta, (0.0, 12.0), save_at=times).stats["n_at_equilibrium"] == 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         at_zero = problem.evaluate(np.array([0.0]), theta)

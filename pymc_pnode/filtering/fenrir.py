@@ -653,9 +653,9 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
         Returns ``(terms, grad, ok, info, grid, y_end)`` with the solver grid, the solution mean ``y_end`` at
         the last stop and ``info = [largest scaled local error of an accepted step, κ used, accepted steps,
         rejected steps, status, rounding bound of the reverse sweep, largest scaled quadrature defect of the
-        means the likelihood used, steps whose ODE residual was exactly zero]`` (status codes of ``stepping``; the
-        defect: :func:`~pymc_pnode.filtering.calibration.quadrature_defect`; the zero residuals:
-        :func:`~pymc_pnode.filtering.calibration.uninformative_residual`); ``ok`` is False when the solve failed:
+        means the likelihood used, steps exactly at an equilibrium]`` (status codes of ``stepping``; the
+        defect: :func:`~pymc_pnode.filtering.calibration.quadrature_defect`; the equilibrium:
+        :func:`~pymc_pnode.filtering.calibration.at_equilibrium`); ``ok`` is False when the solve failed:
         non-finite values, a fixed step that fails :func:`~pymc_pnode.filtering.stepping.fixed_step_failed`,
         ``max_steps`` reached, a collapsing step or a jump of ``f`` in ``t``.
         """
@@ -687,7 +687,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
         run, stats = forward_pass(field, mu0, r0, rq, q, d, Diffusion(DIFFUSION_FIXED, kappa),
                                   control, stops, True)
         info[0], info[2], info[3], info[4] = stats.max_error, stats.n_steps, stats.n_rejected, stats.status
-        info[7] = stats.n_zero_residual
+        info[7] = stats.n_at_equilibrium
         if stats.status != STATUS_SUCCESS:
             return terms, grad, False, info, run.grid, y_end  # the grid up to where the solve stopped
         n_pts = run.grid.shape[0]

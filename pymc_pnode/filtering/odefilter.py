@@ -17,7 +17,7 @@ import numpy as np
 
 from pymc_pnode._callbacks import call
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use
-from pymc_pnode.filtering.calibration import floored_kappa, local_error, local_error_work, uninformative_residual
+from pymc_pnode.filtering.calibration import at_equilibrium, floored_kappa, local_error, local_error_work
 from pymc_pnode.filtering.linalg import all_finite
 from pymc_pnode.filtering.prior import apply_transition, set_step
 from pymc_pnode.filtering.stepping import (
@@ -57,9 +57,9 @@ ForwardRun = namedtuple(
 )
 # Accepted and rejected steps, vector-field evaluations, status code (``stepping.STATUS_*``), the sum of
 # ẑᵀ S⁻¹ ẑ (global calibration), the largest scaled local error of an accepted step (0 if not estimated) and the
-# accepted steps whose residual was exactly zero (:func:`~.calibration.uninformative_residual`).
+# accepted steps exactly at an equilibrium of the field (:func:`~.calibration.at_equilibrium`).
 ForwardStats = namedtuple("ForwardStats", ["n_steps", "n_rejected", "n_f_evals", "status", "stat_sum", "max_error",
-                                           "n_zero_residual"])
+                                           "n_at_equilibrium"])
 # Work arrays of one filter step: the prediction stack, the update stack and a vector.
 StepWork = namedtuple("StepWork", ["m_pred", "m_upd", "w"])
 
@@ -156,7 +156,7 @@ def forward_pass(
     n_f = 0
     stat_sum = 0.0
     max_err = 0.0
-    n_zero = 0
+    n_at_rest = 0
     status = STATUS_SUCCESS
     t = stops[0]
     next_stop = 1
@@ -231,7 +231,7 @@ def forward_pass(
                     break
             stat_sum += stat
             max_err = max(max_err, err)
-            n_zero += uninformative_residual(zhat_p, d)
+            n_at_rest += at_equilibrium(zhat_p, mu_pred_p, d)
             n = p
             t = t_new
             grid[n] = t_new
@@ -245,7 +245,7 @@ def forward_pass(
             cap *= 2
             run = _grow_run(run, cap, keep)
             grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa_used, local_kappas = run
-    return _truncate_run(run, n + 1, keep), ForwardStats(n, n_rej, n_f, status, stat_sum, max_err, n_zero)
+    return _truncate_run(run, n + 1, keep), ForwardStats(n, n_rej, n_f, status, stat_sum, max_err, n_at_rest)
 
 
 @nb.njit(inline="always", **INLINE_JIT)
