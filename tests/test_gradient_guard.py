@@ -194,10 +194,10 @@ def _equilibrium_warnings(caught) -> int:
                                              (dict(step=0.25, diffusion="global"), False)])
 def test_a_gradient_at_an_exact_equilibrium_is_counted_and_warned(logistic_ode, kwargs, flagged):
     """Logistic growth from y0 = 0, an equilibrium (and the initial point of a ``y0 ~ N(0, 1)`` prior): every ODE
-    residual is exactly zero, so error control and the local diffusion have no information there, and the gradient
-    is far from the derivative of the value (defaults: −594 against −36,462). The value is exact; the gradient is
-    counted and warned, not only at the defaults. A fixed step with the global diffusion depends on no residual:
-    its gradient at 0 is the derivative, and quiet. Off the equilibrium: quiet, gradients exact."""
+    residual and derivative is exactly zero, so error control and the local diffusion have no information there, and
+    the gradient is far from the derivative of the value (defaults: −594 against −36,462). The value is exact; the
+    gradient is counted and warned, not only at the defaults. A fixed step with the global diffusion depends on no
+    residual: its gradient at 0 is the derivative, and quiet. Off the equilibrium: quiet, gradients exact."""
     times, sigma = np.linspace(1.0, 12.0, 12), 0.2
     data = sigma * np.random.default_rng(0).standard_normal(times.size)
     y0 = pt.dvector("y0")
@@ -227,8 +227,9 @@ def test_a_gradient_at_an_exact_equilibrium_is_counted_and_warned(logistic_ode, 
 
 
 def test_probabilistic_solution_jacobians_at_an_exact_equilibrium_are_counted_and_warned(logistic_ode):
-    """The same for ``pn.probabilistic_solution`` (error control, local diffusion): at y0 = 0 every residual is
-    zero (``pn.solve`` reports them in ``stats["n_at_equilibrium"]``) and the Jacobians are flagged; off it, none."""
+    """The same for ``pn.probabilistic_solution`` (error control, local diffusion): at y0 = 0 every step is at
+    the equilibrium (``pn.solve`` counts them in ``stats["n_at_equilibrium"]``) and the Jacobians are flagged; off it,
+    none."""
     times, theta = np.linspace(1.0, 12.0, 12), np.array([0.8, 10.0])
     problem = PNSolutionProblem(logistic_ode, times, pn.EK1(3), None, 1e-6, 1e-9, 100_000, None)
     sol = pn.solve(logistic_ode, [0.0], theta, (0.0, 12.0), save_at=times)

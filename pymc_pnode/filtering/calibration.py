@@ -20,8 +20,6 @@ from pymc_pnode.filtering.linalg import cholesky_inplace
 # Smallest calibrated diffusion: a field the prior solves exactly (ẑ = 0) would otherwise give κ̂ = 0
 # and singular predicted covariances in the backward kernels.
 KAPPA_FLOOR = 1e-150
-# The local diffusion adds the κ of a residual made of rounding alone (:func:`rounding_kappa_term`).
-MACHINE_EPSILON = 2.220446049250313e-16
 
 LocalErrorWork = namedtuple("LocalErrorWork", ["hqh_root", "hqh", "chol", "tmp"])
 
@@ -44,24 +42,11 @@ def at_equilibrium(zhat: np.ndarray, mu_pred: np.ndarray, d: int) -> bool:
     derivative state ``E1 μ⁻`` (hence ``f``) exactly zero. Its error estimate and local diffusion are then zero
     (floored), whatever the solution's sensitivity to its inputs, so a grid and diffusions chosen there say nothing
     about nearby inputs. (A solution that the prior represents exactly, a polynomial, also has zero residuals, but
-    nonzero derivatives: it is not at rest, and its derivatives are those of nearby inputs.)"""
+    nonzero derivatives: it is not at rest.)"""
     for k in range(d):
         if zhat[k] != 0.0 or mu_pred[d + k] != 0.0:
             return False
     return True
-
-
-@nb.njit(**INLINE_JIT)
-def rounding_kappa_term(zhat_k: float, dy_k: float, variance_k: float) -> float:
-    """One state's share ``(ε (|E1 μ⁻| + |f|))² / c_kk`` of the κ that a residual ``ẑ_k = E1 μ⁻_k − f_k`` made of one
-    rounding error in each of its terms would give (``dy_k = E1 μ⁻_k``, ``c_kk`` its unit-diffusion defect variance).
-
-    The local diffusion adds it to ``ẑᵀ C⁻¹ ẑ / d``: where the prior represents the solution exactly (a polynomial,
-    e.g. free fall) the residuals are rounding noise, 0 on one step and 1e-13 on the next, and their κ ratios of
-    1e100 and more made the filter's covariances singular (a finite likelihood 10²⁸ nats off, measured). Elsewhere
-    the term is below the last bit of κ. A constant for the derivatives (rounding-level effect)."""
-    noise = MACHINE_EPSILON * (abs(dy_k) + abs(dy_k - zhat_k))
-    return noise * noise / variance_k
 
 
 @nb.njit(**INLINE_JIT)
@@ -120,8 +105,7 @@ def local_error(
     """Scaled local error estimate of one ODE-filter step and the local diffusion estimate.
 
     The local diffusion is the quasi-MLE ``σ̂² = ẑᵀ (H Q(h) Hᵀ)⁻¹ ẑ / d`` under an error-free previous
-    step (Schober et al., 2019; Bosch, Hennig & Tronarp, 2021, eq. 21), plus the κ of a residual of rounding
-    errors alone (:func:`rounding_kappa_term`; ``y_new`` is the whole predicted mean). The error estimate is the
+    step (Schober et al., 2019; Bosch, Hennig & Tronarp, 2021, eq. 21). The error estimate is the
     standard deviation of the defect, ``e = h σ̂ diag(H Q(h) Hᵀ)^{1/2}`` (Bosch et al., 2021, eq. 27;
     the factor ``h`` as in ProbNumDiffEq.jl), measured in the mixed norm of Hairer, Nørsett & Wanner
     (1993, §II.4): ``E = ‖e / (atol + rtol max(|y_prev|, |y_new|))‖_rms`` with ``scale = (h, rtol, atol)``.
@@ -130,10 +114,7 @@ def local_error(
     """
     hqh_root, hqh, chol, tmp = work
     local_defect_covariance(step, rq, q, d, jac, hqh_root, hqh)
-    quad = quadratic_form_inverse(hqh, zhat, d, chol, tmp)
-    for k in range(d):
-        quad += rounding_kappa_term(zhat[k], y_new[d + k], hqh[k, k])
-    local_kappa = quad / d
+    local_kappa = quadratic_form_inverse(hqh, zhat, d, chol, tmp) / d
     if not math.isfinite(local_kappa):
         return math.inf, math.inf
     # The norm of scaled_error, inline: through the vector of variances this step was 5 % slower (pn.solve, FHN).

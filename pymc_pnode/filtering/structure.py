@@ -33,7 +33,6 @@ from pymc_pnode.filtering.calibration import (
     local_defect_covariance,
     local_error_work,
     local_kappa_adjoint,
-    rounding_kappa_term,
     scaled_error,
 )
 from pymc_pnode.filtering.linalg import matmul_tn, solve_lower
@@ -165,7 +164,7 @@ def block_local_error(
         variance[i] = hqh[0, 0]
         if not (hqh[0, 0] > 0.0):
             return math.inf, math.inf
-        quad += zhat[i] * zhat[i] / hqh[0, 0] + rounding_kappa_term(zhat[i], y_new[d + i], hqh[0, 0])
+        quad += zhat[i] * zhat[i] / hqh[0, 0]
     local_kappa = quad / d
     if not math.isfinite(local_kappa):
         return math.inf, math.inf
