@@ -311,6 +311,11 @@ class SolverDiagnostics:
         threading.Thread(target=self._report_when_workers_finish, args=(time.time(),), daemon=True,
                          name=f"pymc_pnode-watch-{self.label}").start()
 
+    def _count_here(self) -> None:
+        """Before a count: a copy that has reached another process starts counting there."""
+        if os.getpid() != self._counting_pid:
+            self._count_in_this_process()
+
     def _count_in_this_process(self) -> None:
         """A copy in a new process (unpickled or forked) starts from zero and writes its spool file at exit."""
         for name in _COUNTS:
@@ -389,8 +394,7 @@ class SolverDiagnostics:
         gradient is computed at an exact equilibrium (``equilibrium_gradient``), and an error-controlled failure
         while no evaluation has succeeded. ``failure`` says why a failed solve stopped; ``tightened``: the
         evaluation was solved again at tighter tolerances."""
-        if os.getpid() != self._counting_pid:
-            self._count_in_this_process()
+        self._count_here()
         self.n_evaluations += 1
         self.n_tightened += int(tightened)
         self.n_equilibrium_gradient += int(equilibrium_gradient)
@@ -428,8 +432,7 @@ class SolverDiagnostics:
     def record_failed_draw(self, failure: str) -> None:
         """Count a predictive draw whose solve failed (it is NaN; ``failure`` says why and where); warn the first
         time."""
-        if os.getpid() != self._counting_pid:
-            self._count_in_this_process()
+        self._count_here()
         self.n_failed_draws += 1
         self.last_failure = failure
         if not self._warned_draws:
