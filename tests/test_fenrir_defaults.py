@@ -249,19 +249,17 @@ def _ballistic(y, t, p):
     return [y[1], -p[0] + p[1] * t]
 
 
-_KNOWN_FAILURE = pytest.mark.xfail(strict=True, reason="known failure (docs/fenrir.md): the local diffusions of a "
-                                   "polynomial solution are rounding noise; not fixed")
-
-
-@pytest.mark.parametrize("kwargs", [pytest.param({}, marks=_KNOWN_FAILURE),
-                                    pytest.param(dict(step=0.1), marks=_KNOWN_FAILURE),
-                                    dict(step=0.1, diffusion="global")])
+@pytest.mark.parametrize("kwargs", [{}, dict(step=0.1), dict(step=0.1, diffusion="global"),
+                                    dict(solver=pn.EK1(3, structure="diagonal")),
+                                    dict(solver=pn.EK0(3, structure="isotropic"))],
+                         ids=["defaults", "fixed-local", "fixed-global", "diagonal", "isotropic"])
 def test_a_solution_the_prior_represents_exactly_is_right_and_quiet(kwargs):
-    """A polynomial solution (degree ≤ q, here a cubic) has residuals of rounding noise, 0 on one step and 1e-13 on
-    the next; their local diffusions span 1e100 and more, and the filter's covariances go singular: with the local
-    diffusion the value is a finite number 10²⁸ nats off at some θ, with no warning, or -inf with a fixed step
-    (measured; a known failure, docs/fenrir.md). With the global diffusion: the exact Gaussian log-likelihood to
-    rounding, gradients equal to central differences, quiet (not an equilibrium)."""
+    """A polynomial solution (degree ≤ q, here a cubic) has residuals of rounding noise, 0 on one step and 1e-14 on
+    the next. Their local diffusions spanned 1e-150 … 1e-19 and the backward kernels went singular: a finite value
+    10³² nats off at the defaults, with no warning, or -inf (measured before the local diffusions were floored at
+    the diffusion of a rounding-only residual, calibration.rounding_kappa). Now, with the local and the global
+    diffusion and with each state-space structure: the exact Gaussian log-likelihood to rounding, gradients equal to
+    central differences, quiet (not an equilibrium)."""
     ode = pn.ODE(_ballistic, n_states=2, n_theta=2)
     times, sigma = np.linspace(0.5, 3.0, 11), 0.3
 
@@ -334,6 +332,56 @@ def test_a_solution_moving_against_its_derivatives_is_solved_again_or_warned(mon
             assert counts.n_over_tolerance == 0 and counts.max_error <= 1.0
             assert counts.n_tightened == resolved
             assert counts.as_dict()["n_tightened"] == resolved
+
+
+@pytest.mark.parametrize("layout", ["dense", "diagonal"])
+def test_rounding_floor_of_the_local_diffusion_and_its_adjoint(layout):
+    """ρ = Σ_k (ε (|E1 μ⁻_k| + |f_k|))² / c_kk / d with c = H Q Hᵀ as the local error computes it (dense Jacobian, or
+    its diagonal alone), and its adjoint in ẑ, L and E1 μ⁻ equal to central differences."""
+    from pymc_pnode.filtering.calibration import (
+        MACHINE_EPSILON,
+        local_defect_covariance,
+        rounding_kappa,
+        rounding_kappa_adjoint,
+    )
+    from pymc_pnode.filtering.prior import new_step
+
+    rng = np.random.default_rng(4)
+    q, d = 3, 3
+    rq = np.triu(rng.standard_normal((q + 1, q + 1))) + 2 * np.eye(q + 1)
+    step = new_step(0.3, 1.0, q)
+    jac = rng.standard_normal((d, d))
+    lin = jac if layout == "dense" else np.diag(jac)[:, None].copy()
+    zhat, mu_pred = rng.standard_normal(d), rng.standard_normal((q + 1) * d)
+    c = np.empty((d, d))
+    local_defect_covariance(step, rq, q, d, jac if layout == "dense" else np.diag(np.diag(jac)),
+                            np.empty(((q + 1) * d, d)), c)
+    dy = mu_pred[d:2 * d]
+    expected = np.sum((MACHINE_EPSILON * (np.abs(dy) + np.abs(dy - zhat))) ** 2 / np.diag(c)) / d
+    assert rounding_kappa(step, rq, q, d, lin, zhat, mu_pred) == pytest.approx(expected, rel=1e-12)
+
+    zbar, jbar, mbar = np.empty(d), np.empty((d, d)), np.zeros((q + 1) * d)
+    rounding_kappa_adjoint(2.0, step, rq, q, d, lin, zhat, mu_pred, zbar, jbar, mbar)
+
+    def fd(array, index):
+        plus, minus = array.copy(), array.copy()
+        h = 1e-6 * max(1.0, abs(array[index]))
+        plus[index] += h
+        minus[index] -= h
+        args = dict(lin=lin, zhat=zhat, mu_pred=mu_pred)
+        name = next(k for k, v in args.items() if v is array)
+        return 2.0 * (rounding_kappa(step, rq, q, d, **{**args, name: plus})
+                      - rounding_kappa(step, rq, q, d, **{**args, name: minus})) / (2 * h)
+
+    for k in range(d):
+        assert zbar[k] == pytest.approx(fd(zhat, k), rel=1e-6)
+        assert mbar[d + k] == pytest.approx(fd(mu_pred, d + k), rel=1e-6)
+        for a in range(d):
+            if layout == "dense":
+                assert jbar[k, a] == pytest.approx(fd(lin, (k, a)), rel=1e-6)
+            elif a == k:
+                assert jbar[k, k] == pytest.approx(fd(lin, (k, 0)), rel=1e-6)
+    assert not mbar[:d].any() and not mbar[2 * d:].any()
 
 
 def test_quadrature_defect_is_small_for_a_consistent_mean_and_sees_one_that_is_not():

@@ -3,7 +3,9 @@
 Global: the quasi-MLE ``κ̂ = Σ_n ẑ_nᵀ S_n⁻¹ ẑ_n / (N d)`` of a filter run at unit diffusion (Tronarp et al.,
 2019, Prop. 4; Bosch, Hennig & Tronarp, 2021, eq. 16). Local: per step
 ``κ_n = ẑ_nᵀ (H_n Q(h_n) H_nᵀ)⁻¹ ẑ_n / d`` under an error-free previous step (Schober et al., 2019;
-Bosch et al., 2021, eq. 21), which also gives the step's error estimate (Bosch et al., 2021, eq. 27).
+Bosch et al., 2021, eq. 21), which also gives the step's error estimate (Bosch et al., 2021, eq. 27). A local
+diffusion is used no smaller than the one a residual of rounding errors alone would give (:func:`rounding_kappa`),
+and differentiated as the one it used.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pymc_pnode.filtering.linalg import cholesky_inplace
 # Smallest calibrated diffusion: a field the prior solves exactly (ẑ = 0) would otherwise give κ̂ = 0
 # and singular predicted covariances in the backward kernels.
 KAPPA_FLOOR = 1e-150
+# Unit roundoff of float64: the scale of one rounding error in a residual's terms (:func:`rounding_kappa`).
+MACHINE_EPSILON = 2.220446049250313e-16
 
 LocalErrorWork = namedtuple("LocalErrorWork", ["hqh_root", "hqh", "chol", "tmp"])
 
@@ -34,6 +38,112 @@ def local_error_work(q: int, d: int) -> LocalErrorWork:
 def floored_kappa(kappa: float) -> float:
     """A calibrated diffusion as the filters use it: at least :data:`KAPPA_FLOOR` (NaN also floors)."""
     return kappa if math.isfinite(kappa) and kappa > KAPPA_FLOOR else KAPPA_FLOOR
+
+
+@nb.njit(**INLINE_JIT)
+def _rounding_terms(step: np.ndarray, rq: np.ndarray, q: int, k: int, lin: np.ndarray, dense: bool,
+                    ) -> tuple[float, float, float]:
+    """State ``k``'s unit-diffusion defect variance ``c_kk`` (:func:`local_defect_covariance`), its derivative in
+    ``L_kk`` and ``u = Σ_i (rq[i, 0] T_0)²``, whose ``2 u L_ka`` is its derivative in an off-diagonal ``L_ka``."""
+    t0, t1 = step[1, 0], step[1, 1]
+    d = lin.shape[0]
+    jkk = lin[k, k] if dense else lin[k, 0]
+    off = 0.0  # Σ_{a≠k} L_ka²: the E0 columns of the other states
+    if dense:
+        for a in range(d):
+            if a != k:
+                off += lin[k, a] * lin[k, a]
+    c_kk = dc_dj = u = 0.0  # c_kk: Σ over the rows (i, a) of the root of H Q Hᵀ, column k
+    for i in range(q + 1):
+        e0 = rq[i, 0] * t0
+        diagonal = rq[i, 1] * t1 - e0 * jkk
+        c_kk += diagonal * diagonal + e0 * e0 * off
+        dc_dj -= 2.0 * diagonal * e0
+        u += e0 * e0
+    return c_kk, dc_dj, u
+
+
+@nb.njit(**INLINE_JIT)
+def rounding_kappa(step: np.ndarray, rq: np.ndarray, q: int, d: int, lin: np.ndarray, zhat: np.ndarray,
+                   mu_pred: np.ndarray) -> float:
+    """The local diffusion that a residual made of rounding alone would give,
+    ``ρ = Σ_k (ε (|E1 μ⁻_k| + |f_k|))² / c_kk / d``: one rounding error ``ε`` in each term of ``ẑ_k = E1 μ⁻_k − f_k``,
+    ``c_kk`` the unit-diffusion defect variance of :func:`local_defect_covariance` (``lin``: the Jacobian
+    ``(d, d)`` or its diagonal ``(d, 1)``).
+
+    A local diffusion below it is rounding noise: where the prior represents the solution exactly (a polynomial,
+    e.g. free fall) the residuals are 0 on one step and 1e-14 on the next, and diffusion ratios of 1e120 between
+    neighbouring steps made the backward kernels singular (a Fenrir value 10³² nats off, measured). The filters use
+    ``max(κ_n, ρ_n)`` and differentiate whichever they used (:func:`diffusion_source`)."""
+    dense = lin.shape[1] == d  # (d = 1: both layouts agree)
+    acc = 0.0
+    for k in range(d):
+        c_kk = _rounding_terms(step, rq, q, k, lin, dense)[0]
+        dy = mu_pred[d + k]
+        noise = MACHINE_EPSILON * (abs(dy) + abs(dy - zhat[k]))
+        if c_kk > 0.0:
+            acc += noise * noise / c_kk
+    return acc / d
+
+
+@nb.njit(**INLINE_JIT)
+def rounding_kappa_adjoint(
+    kbar: float, step: np.ndarray, rq: np.ndarray, q: int, d: int, lin: np.ndarray, zhat: np.ndarray,
+    mu_pred: np.ndarray, zbar: np.ndarray, jbar: np.ndarray, mbar_pred: np.ndarray,
+) -> None:
+    """Adjoint of :func:`rounding_kappa` for the cotangent ``kbar`` of ``ρ``: writes ``ẑ̄`` (``zbar``) and ``L̄``
+    (``jbar``, ``(d, d)``; only its diagonal for a diagonal ``lin``), and adds the cotangent of ``E1 μ⁻`` to
+    ``mbar_pred[d:2d]`` (the predicted mean's).
+
+    With ``s_k = |E1 μ⁻_k| + |E1 μ⁻_k − ẑ_k|`` and ``ρ = Σ_k ε² s_k² / c_kk / d``: ``∂ρ/∂s_k = 2 ε² s_k / c_kk / d``,
+    ``∂ρ/∂c_kk = −ε² s_k² / c_kk² / d``, and ``c_kk`` depends on row ``k`` of ``L`` (:func:`_rounding_terms`).
+    """
+    dense = lin.shape[1] == d
+    scale = kbar * MACHINE_EPSILON * MACHINE_EPSILON / d
+    jbar[:, :] = 0.0
+    for k in range(d):
+        zbar[k] = 0.0
+        c_kk, dc_dj, u = _rounding_terms(step, rq, q, k, lin, dense)
+        if not c_kk > 0.0:
+            continue
+        dy = mu_pred[d + k]
+        f = dy - zhat[k]
+        s = abs(dy) + abs(f)
+        ds = 2.0 * scale * s / c_kk
+        dc = -scale * s * s / (c_kk * c_kk)
+        mbar_pred[d + k] += ds * (np.sign(dy) + np.sign(f))
+        zbar[k] = -ds * np.sign(f)
+        jbar[k, k] = dc * dc_dj
+        if dense:
+            for a in range(d):
+                if a != k:
+                    jbar[k, a] = dc * 2.0 * u * lin[k, a]
+
+
+# What a step's diffusion is, for the derivatives: its own local estimate (differentiated with
+# :func:`local_kappa_adjoint`), the rounding floor (:func:`rounding_kappa_adjoint`) or the constant KAPPA_FLOOR.
+KAPPA_ESTIMATE, KAPPA_ROUNDING, KAPPA_CONSTANT = 0, 1, 2
+
+
+@nb.njit(**INLINE_JIT)
+def diffusion_source(kappa: float, rounding: float) -> int:
+    """Which of :data:`KAPPA_ESTIMATE`, :data:`KAPPA_ROUNDING` or :data:`KAPPA_CONSTANT` a step's diffusion is, from
+    its local estimate (or the diffusion used, ``max(estimate, rounding, KAPPA_FLOOR)``) and its
+    :func:`rounding_kappa` recomputed (a margin of 1e-9: a tangent recomputes its steps from the grid, so its
+    rounding diffusion may differ from the forward pass's in the last bits)."""
+    if kappa > max(KAPPA_FLOOR, rounding) * (1.0 + 1e-9):
+        return KAPPA_ESTIMATE
+    return KAPPA_ROUNDING if rounding > KAPPA_FLOOR else KAPPA_CONSTANT
+
+
+@nb.njit(**INLINE_JIT)
+def rounding_floored_kappas(run, rq: np.ndarray, q: int, d: int) -> np.ndarray:
+    """The local diffusions of a kept unit-diffusion ``run`` (:data:`~.odefilter.ForwardRun`), each at least its
+    :func:`rounding_kappa`, for the second pass of local calibration (Fenrir)."""
+    kappas = run.local_kappa.copy()
+    for n in range(1, kappas.shape[0]):
+        kappas[n] = max(kappas[n], rounding_kappa(run.step[n], rq, q, d, run.lin[n], run.zhat[n], run.mu_pred[n]))
+    return kappas
 
 
 @nb.njit(**INLINE_JIT)

@@ -31,11 +31,18 @@ import numpy as np
 from pymc_pnode._callbacks import FN, call
 from pymc_pnode._jit import COMPILE_LOCK, INLINE_JIT, slp_vectorization
 from pymc_pnode.filtering.calibration import (
+    KAPPA_CONSTANT,
+    KAPPA_ESTIMATE,
     KAPPA_FLOOR,
+    KAPPA_ROUNDING,
+    diffusion_source,
     global_kappa,
     local_error_work,
     local_kappa_adjoint,
     quadrature_defect,
+    rounding_floored_kappas,
+    rounding_kappa,
+    rounding_kappa_adjoint,
 )
 from pymc_pnode.filtering.data_update import (
     ObservationModel,
@@ -371,9 +378,14 @@ def _filter_adjoint(
         step = steps[n]
         zbar[:] = 0.0
         jbar[:, :] = 0.0
-        if kbar_mode == KBAR_LOCAL and local_kappa[n] > KAPPA_FLOOR:
-            # κ_n = ẑᵀ(H Q Hᵀ)⁻¹ẑ / d with ẑ, L of this (unit-diffusion) run: ẑ̄ and L̄ join the linearisation's adjoint.
-            local_kappa_adjoint(kbar_step[n], step, rq, q, d, lin[n], zhat[n], err_work, zbar, jbar)
+        if kbar_mode == KBAR_LOCAL:
+            # The second pass's κ_n = max(ẑᵀ(H Q Hᵀ)⁻¹ẑ / d, ρ_n) with ẑ, L of this (unit-diffusion) run: ẑ̄ and L̄ of
+            # whichever it was join the linearisation's adjoint (ρ_n's path through E1 μ⁻ joins μ̄⁻ directly).
+            source = diffusion_source(local_kappa[n], rounding_kappa(step, rq, q, d, lin[n], zhat[n], mu_pred[n]))
+            if source == KAPPA_ESTIMATE:
+                local_kappa_adjoint(kbar_step[n], step, rq, q, d, lin[n], zhat[n], err_work, zbar, jbar)
+            elif source == KAPPA_ROUNDING:
+                rounding_kappa_adjoint(kbar_step[n], step, rq, q, d, lin[n], zhat[n], mu_pred[n], zbar, jbar, mbar)
         linearise_adjoint(field, derivs, t, xi, lin[n], (d, False), cot, mbar, grad_theta, lin_work)
         # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of the data filter on (μ, Σ)_{n−1}.
         kbar_n = predict_adjoint(step, rq, q, d, mbar, sbar, work, mbar_prev, sig_pred)
@@ -425,11 +437,17 @@ def _block_filter_adjoint(
         else:
             block_gram(r_pred[n], sig_pred)
         step = steps[n]
-        # κ_n = ẑᵀ(H Q Hᵀ)⁻¹ẑ / d with ẑ, L of this (unit-diffusion) run: ẑ̄ and L̄ join the linearisation's adjoint.
-        kbar_local = kbar_step[n] if kbar_mode == KBAR_LOCAL and local_kappa[n] > KAPPA_FLOOR else 0.0
+        # κ_n = max(ẑᵀ(H Q Hᵀ)⁻¹ẑ / d, ρ_n) with ẑ, L of this (unit-diffusion) run, as in _filter_adjoint
+        source = KAPPA_CONSTANT
+        if kbar_mode == KBAR_LOCAL:
+            source = diffusion_source(local_kappa[n], rounding_kappa(step, rq, q, d, lin[n], zhat[n], mu_pred[n]))
+        kbar_local = kbar_step[n] if source == KAPPA_ESTIMATE else 0.0
         primal = UpdatePrimal(r[n], mu_pred[n], lin[n], zhat[n], step)
         if not block_update_adjoint(sig_pred, primal, rq, (q, d, field.ek1), (w_stat, kbar_local), bar, work):
             return bar, False, work.out.rounding[0]
+        if source == KAPPA_ROUNDING:
+            rounding_kappa_adjoint(kbar_step[n], step, rq, q, d, lin[n], zhat[n], mu_pred[n], work.cot.zbar,
+                                   work.cot.jbar, mbar)
         linearise_adjoint(field, derivs, t, xi, lin[n], (d, True), work.cot, mbar, grad_theta, lin_work)  # L = diag J
         # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of the data filter on (μ, Σ)_{n−1}.
         kbar_n = block_prediction_adjoint(step, rq, q, d, mbar, sbar, congruence_work, mbar_prev, sig_prev)
@@ -702,7 +720,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
         # residuals; the likelihood then jumps by ~1e-3 nats under 1e-7 changes of θ and NUTS fails.
         unit_run = run
         if mode == DIFFUSION_LOCAL:
-            run, finite = refilter(field, unit_run, rq, q, d, unit_run.local_kappa)
+            run, finite = refilter(field, unit_run, rq, q, d, rounding_floored_kappas(unit_run, rq, q, d))
             if not finite:
                 info[4] = STATUS_NONFINITE
                 return terms, grad, False, info, stops[:1], y_end

@@ -17,7 +17,13 @@ import numpy as np
 
 from pymc_pnode._callbacks import call
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use
-from pymc_pnode.filtering.calibration import at_equilibrium, floored_kappa, local_error, local_error_work
+from pymc_pnode.filtering.calibration import (
+    at_equilibrium,
+    floored_kappa,
+    local_error,
+    local_error_work,
+    rounding_kappa,
+)
 from pymc_pnode.filtering.linalg import all_finite
 from pymc_pnode.filtering.prior import apply_transition, set_step
 from pymc_pnode.filtering.stepping import (
@@ -212,7 +218,9 @@ def forward_pass(
                         status = STATUS_JUMP_IN_T
                         break
             local_kappa = floored_kappa(local_kappa)
-            kappa = local_kappa if local else diffusion.kappa
+            kappa = diffusion.kappa
+            if local:  # at least the diffusion of a rounding-only residual (the error estimate keeps the estimate)
+                kappa = max(local_kappa, rounding_kappa(step, rq, q, d, lin_p, zhat_p, mu_pred_p))
             step[2, 0] = math.sqrt(kappa)
             predict_roots(r_prev, step, rq, q, d, m_pred, r_pred_p)
             stat = update_roots(r_pred_p, mu_pred_p, lin_p, zhat_p, q, d, m_upd, w, mu_p, r_p)

@@ -27,7 +27,16 @@ import numpy as np
 
 from pymc_pnode._callbacks import FN, call
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use, readonly
-from pymc_pnode.filtering.calibration import KAPPA_FLOOR, local_error_work, local_kappa_adjoint
+from pymc_pnode.filtering.calibration import (
+    KAPPA_CONSTANT,
+    KAPPA_ESTIMATE,
+    KAPPA_ROUNDING,
+    diffusion_source,
+    local_error_work,
+    local_kappa_adjoint,
+    rounding_kappa,
+    rounding_kappa_adjoint,
+)
 from pymc_pnode.filtering.linalg import matmul, matmul_nt, matmul_part, matmul_tn, solve_gram_inplace
 from pymc_pnode.filtering.predict import predict_root
 from pymc_pnode.filtering.prior import add_noise, apply_transition, congruence, set_step, transition_matrix
@@ -271,6 +280,7 @@ def filter_tangents(vector_field, run, steps, rq, local):
     dmu_pred, dsig_pred = work.dmu_pred, work.dsig_pred
     lin = jac if ek1 else np.zeros((d, d))  # L of the local diffusion's H = E1 − L E0 (zero for the EK0)
     kappa_zbar, kappa_jbar, kappa_work = np.empty(d), np.empty((d, d)), local_error_work(q, d)
+    kappa_mbar = np.zeros(dd)  # ∂ρ/∂μ⁻ of the rounding floor (rounding_kappa_adjoint)
     dkappa = np.zeros(n_dir)
     k_out = record_initial_outputs(out_index, dmu, d, dmean)
     for n in range(ts.shape[0] - 1):
@@ -290,9 +300,15 @@ def filter_tangents(vector_field, run, steps, rq, local):
                 for c in range(d):
                     h_mat[k, c] = -jac[k, c]
         update = linearised_update(sig_pred, h_mat, z)
-        varies = local and kappas[n + 1] > KAPPA_FLOOR  # (a floored κ is a constant)
-        if varies:
+        source = KAPPA_CONSTANT
+        if local:  # κ_n = max(its estimate, ρ_n): the tangent of whichever it was
+            source = diffusion_source(kappas[n + 1], rounding_kappa(step, rq, q, d, lin, z, mu_pred))
+        kappa_mbar[:] = 0.0
+        if source == KAPPA_ESTIMATE:
             local_kappa_adjoint(1.0, step, rq, q, d, lin, z, kappa_work, kappa_zbar, kappa_jbar)
+        elif source == KAPPA_ROUNDING:
+            rounding_kappa_adjoint(1.0, step, rq, q, d, lin, z, mu_pred, kappa_zbar, kappa_jbar, kappa_mbar)
+        varies = source != KAPPA_CONSTANT
         dkappa[:] = 0.0
         for j in range(n_dir):
             for c in range(dd):
@@ -315,10 +331,10 @@ def filter_tangents(vector_field, run, steps, rq, local):
                         if j >= d:
                             v += hyp[k, c, j - d]
                         dh[k, c] = -v
-            if varies:  # dκ = ∂κ/∂ẑ · dẑ + ∂κ/∂L · dL, with dL = −dH on the E0 columns
+            if varies:  # dκ = ∂κ/∂ẑ · dẑ + ∂κ/∂L · dL (+ ∂ρ/∂(E1 μ⁻) · E1 dμ⁻), with dL = −dH on the E0 columns
                 v = 0.0
                 for k in range(d):
-                    v += kappa_zbar[k] * dz[k]
+                    v += kappa_zbar[k] * dz[k] + kappa_mbar[d + k] * dmu_pred[d + k]
                     if ek1:
                         for c in range(d):
                             v -= kappa_jbar[k, c] * dh[k, c]
@@ -380,6 +396,9 @@ def block_filter_tangents(vector_field, run, steps, rq, local):
     dz = np.empty(1)
     dz_all, dl_all = np.empty((d, n_dir)), np.empty((d, n_dir))  # dẑ_i and dL_ii in each direction
     lin1, kappa_zbar, kappa_jbar, kappa_work = np.zeros((1, 1)), np.empty(1), np.empty((1, 1)), local_error_work(q, 1)
+    # every ẑ_i and L_ii, and the adjoint of the rounding floor ρ_n in them and in μ⁻ (rounding_kappa_adjoint)
+    z_all, lin_diag, kappa_mbar = np.empty(d), np.zeros((d, 1)), np.zeros(dd)
+    zbar_all, jbar_all = np.empty(d), np.empty((d, d))
     dkappa = np.zeros(n_dir)
     block_new = np.empty(q1)
     work = tangent_work(q1, 1)
@@ -412,7 +431,20 @@ def block_filter_tangents(vector_field, run, steps, rq, local):
                 dl_all[i, j] = w
         kappa = kappas[n + 1]
         dkappa[:] = 0.0
-        if local and kappa > KAPPA_FLOOR:  # dκ = Σ_i ∂(ẑ_i² / c_ii / d)/∂(ẑ_i, L_ii) · (dẑ_i, dL_ii)
+        source = KAPPA_CONSTANT
+        if local:  # κ_n = max(its estimate, ρ_n): the tangent of whichever it was
+            for i in range(d):
+                z_all[i] = mu_pred[d + i] - fx[i]
+                lin_diag[i, 0] = jac[i, i] if ek1 else 0.0
+            source = diffusion_source(kappa, rounding_kappa(step, rq, q, d, lin_diag, z_all, mu_pred))
+        if source == KAPPA_ROUNDING:  # dρ = Σ_i ∂ρ/∂(ẑ_i, L_ii, E1 μ⁻_i) · (dẑ_i, dL_ii, E1 dμ⁻_i)
+            kappa_mbar[:] = 0.0
+            rounding_kappa_adjoint(1.0, step, rq, q, d, lin_diag, z_all, mu_pred, zbar_all, jbar_all, kappa_mbar)
+            for i in range(d):
+                for j in range(n_dir):
+                    dkappa[j] += (zbar_all[i] * dz_all[i, j] + jbar_all[i, i] * dl_all[i, j]
+                                  + kappa_mbar[d + i] * dmu_pred[d + i, j])
+        elif source == KAPPA_ESTIMATE:  # dκ = Σ_i ∂(ẑ_i² / c_ii / d)/∂(ẑ_i, L_ii) · (dẑ_i, dL_ii)
             for i in range(d):
                 lin1[0, 0] = jac[i, i] if ek1 else 0.0
                 z[0] = mu_pred[d + i] - fx[i]
