@@ -162,7 +162,7 @@ def forward_pass(
     n_f = 0
     stat_sum = 0.0
     max_err = 0.0
-    n_at_rest = 0
+    n_at_equilibrium = 0
     status = STATUS_SUCCESS
     t = stops[0]
     next_stop = 1
@@ -239,7 +239,7 @@ def forward_pass(
                     break
             stat_sum += stat
             max_err = max(max_err, err)
-            n_at_rest += at_equilibrium(zhat_p, mu_pred_p, d)
+            n_at_equilibrium += at_equilibrium(zhat_p, mu_pred_p, d)
             n = p
             t = t_new
             grid[n] = t_new
@@ -253,7 +253,7 @@ def forward_pass(
             cap *= 2
             run = _grow_run(run, cap, keep)
             grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa_used, local_kappas = run
-    return _truncate_run(run, n + 1, keep), ForwardStats(n, n_rej, n_f, status, stat_sum, max_err, n_at_rest)
+    return _truncate_run(run, n + 1, keep), ForwardStats(n, n_rej, n_f, status, stat_sum, max_err, n_at_equilibrium)
 
 
 @nb.njit(inline="always", **INLINE_JIT)

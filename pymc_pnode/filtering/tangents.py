@@ -446,8 +446,8 @@ def block_filter_tangents(vector_field, run, steps, rq, local):
                                   + kappa_mbar[d + i] * dmu_pred[d + i, j])
         elif source == KAPPA_ESTIMATE:  # dκ = Σ_i ∂(ẑ_i² / c_ii / d)/∂(ẑ_i, L_ii) · (dẑ_i, dL_ii)
             for i in range(d):
-                lin1[0, 0] = jac[i, i] if ek1 else 0.0
-                z[0] = mu_pred[d + i] - fx[i]
+                lin1[0, 0] = lin_diag[i, 0]
+                z[0] = z_all[i]
                 local_kappa_adjoint(1.0 / d, step, rq, q, 1, lin1, z, kappa_work, kappa_zbar, kappa_jbar)
                 for j in range(n_dir):
                     dkappa[j] += kappa_zbar[0] * dz_all[i, j] + kappa_jbar[0, 0] * dl_all[i, j]
