@@ -336,8 +336,9 @@ def test_a_solution_moving_against_its_derivatives_is_solved_again_or_warned(mon
 
 @pytest.mark.parametrize("layout", ["dense", "diagonal"])
 def test_rounding_floor_of_the_local_diffusion_and_its_adjoint(layout):
-    """ρ = Σ_k (ε (|E1 μ⁻_k| + |f_k|))² / c_kk / d with c = H Q Hᵀ as the local error computes it (dense Jacobian, or
-    its diagonal alone), and its adjoint in ẑ, L and E1 μ⁻ equal to central differences."""
+    """ρ = Σ_k (ε (|E1 μ⁻_k| + |f_k| + Σ_a |L_ka ξ_a|))² / c_kk / d with c = H Q Hᵀ as the local error computes it
+    (dense Jacobian, or its diagonal alone: then a = k only), and its adjoint in ẑ, L, E0 μ⁻ = ξ and E1 μ⁻ equal to
+    central differences."""
     from pymc_pnode.filtering.calibration import (
         MACHINE_EPSILON,
         local_defect_covariance,
@@ -356,8 +357,9 @@ def test_rounding_floor_of_the_local_diffusion_and_its_adjoint(layout):
     c = np.empty((d, d))
     local_defect_covariance(step, rq, q, d, jac if layout == "dense" else np.diag(np.diag(jac)),
                             np.empty(((q + 1) * d, d)), c)
-    dy = mu_pred[d:2 * d]
-    expected = np.sum((MACHINE_EPSILON * (np.abs(dy) + np.abs(dy - zhat))) ** 2 / np.diag(c)) / d
+    dy, xi = mu_pred[d:2 * d], mu_pred[:d]
+    terms = np.abs(jac * xi) if layout == "dense" else np.diag(np.abs(np.diag(jac) * xi))
+    expected = np.sum((MACHINE_EPSILON * (np.abs(dy) + np.abs(dy - zhat) + terms.sum(axis=1))) ** 2 / np.diag(c)) / d
     assert rounding_kappa(step, rq, q, d, lin, zhat, mu_pred) == pytest.approx(expected, rel=1e-12)
 
     zbar, jbar, mbar = np.empty(d), np.empty((d, d)), np.zeros((q + 1) * d)
@@ -375,13 +377,14 @@ def test_rounding_floor_of_the_local_diffusion_and_its_adjoint(layout):
 
     for k in range(d):
         assert zbar[k] == pytest.approx(fd(zhat, k), rel=1e-6)
+        assert mbar[k] == pytest.approx(fd(mu_pred, k), rel=1e-6)
         assert mbar[d + k] == pytest.approx(fd(mu_pred, d + k), rel=1e-6)
         for a in range(d):
             if layout == "dense":
                 assert jbar[k, a] == pytest.approx(fd(lin, (k, a)), rel=1e-6)
             elif a == k:
                 assert jbar[k, k] == pytest.approx(fd(lin, (k, 0)), rel=1e-6)
-    assert not mbar[:d].any() and not mbar[2 * d:].any()
+    assert not mbar[2 * d:].any()
 
 
 def test_quadrature_defect_is_small_for_a_consistent_mean_and_sees_one_that_is_not():

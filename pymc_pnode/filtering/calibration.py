@@ -64,23 +64,41 @@ def _rounding_terms(step: np.ndarray, rq: np.ndarray, q: int, k: int, lin: np.nd
 
 
 @nb.njit(**INLINE_JIT)
+def _rounding_scale(k: int, mu_pred: np.ndarray, zhat: np.ndarray, lin: np.ndarray, d: int, dense: bool) -> float:
+    """``s_k = |E1 μ⁻_k| + |f_k| + Σ_a |L_ka ξ_a|`` (``ξ = E0 μ⁻``; only ``a = k`` for a diagonal ``lin``): the scale
+    whose rounding error ``ε s_k`` a computed residual ``ẑ_k = E1 μ⁻_k − f_k`` cannot resolve. The last term is the
+    scale of ``f``'s own terms near an equilibrium, where they cancel: ``f = L ξ`` is a sum of such terms for a
+    linear field, and a rounding error of ``ξ`` alone moves ``f`` by ``ε Σ_a |L_ka ξ_a|``."""
+    dy = mu_pred[d + k]
+    s = abs(dy) + abs(dy - zhat[k])
+    if dense:
+        for a in range(d):
+            s += abs(lin[k, a] * mu_pred[a])
+    else:
+        s += abs(lin[k, 0] * mu_pred[k])
+    return s
+
+
+@nb.njit(**INLINE_JIT)
 def rounding_kappa(step: np.ndarray, rq: np.ndarray, q: int, d: int, lin: np.ndarray, zhat: np.ndarray,
                    mu_pred: np.ndarray) -> float:
-    """The local diffusion that a residual made of rounding alone would give,
-    ``ρ = Σ_k (ε (|E1 μ⁻_k| + |f_k|))² / c_kk / d``: one rounding error ``ε`` in each term of ``ẑ_k = E1 μ⁻_k − f_k``,
-    ``c_kk`` the unit-diffusion defect variance of :func:`local_defect_covariance` (``lin``: the Jacobian
-    ``(d, d)`` or its diagonal ``(d, 1)``).
+    """The local diffusion that a residual made of rounding alone would give, ``ρ = Σ_k (ε s_k)² / c_kk / d``:
+    ``ε`` times the scale ``s_k = |E1 μ⁻_k| + |f_k| + Σ_a |L_ka ξ_a|`` of the terms of ``ẑ_k = E1 μ⁻_k − f_k``
+    (:func:`_rounding_scale`), ``c_kk`` the unit-diffusion defect variance of :func:`local_defect_covariance`
+    (``lin``: the Jacobian ``(d, d)`` or its diagonal ``(d, 1)``; zeros for the EK0).
 
-    A local diffusion below it is rounding noise: where the prior represents the solution exactly (a polynomial,
-    e.g. free fall) the residuals are 0 on one step and 1e-14 on the next, and diffusion ratios of 1e120 between
-    neighbouring steps made the backward kernels singular (a Fenrir value 10³² nats off, measured). The filters use
-    ``max(κ_n, ρ_n)`` and differentiate whichever they used (:func:`diffusion_source`)."""
+    A local diffusion below it is rounding noise, and so is its derivative. Where the prior represents the solution
+    exactly (a polynomial, e.g. free fall) the residuals are 0 on one step and 1e-14 on the next, and diffusion
+    ratios of 1e120 between neighbouring steps made the backward kernels singular (a Fenrir value 10³² nats off,
+    measured). Within rounding of an equilibrium (logistic growth from ``K (1 + 1e-15)``) ``f`` is the rounding
+    error of its cancelling terms, and the residuals' derivatives, ≈ 1e15 times their size, gave Fenrir gradients
+    of 1e11 where the derivative is 0.45 (measured; the ``|L ξ|`` term). The filters use ``max(κ_n, ρ_n)`` and
+    differentiate whichever they used (:func:`diffusion_source`)."""
     dense = lin.shape[1] == d  # (d = 1: both layouts agree)
     acc = 0.0
     for k in range(d):
         c_kk = _rounding_terms(step, rq, q, k, lin, dense)[0]
-        dy = mu_pred[d + k]
-        noise = MACHINE_EPSILON * (abs(dy) + abs(dy - zhat[k]))
+        noise = MACHINE_EPSILON * _rounding_scale(k, mu_pred, zhat, lin, d, dense)
         if c_kk > 0.0:
             acc += noise * noise / c_kk
     return acc / d
@@ -92,10 +110,10 @@ def rounding_kappa_adjoint(
     mu_pred: np.ndarray, zbar: np.ndarray, jbar: np.ndarray, mbar_pred: np.ndarray,
 ) -> None:
     """Adjoint of :func:`rounding_kappa` for the cotangent ``kbar`` of ``ρ``: writes ``ẑ̄`` (``zbar``) and ``L̄``
-    (``jbar``, ``(d, d)``; only its diagonal for a diagonal ``lin``), and adds the cotangent of ``E1 μ⁻`` to
-    ``mbar_pred[d:2d]`` (the predicted mean's).
+    (``jbar``, ``(d, d)``; only its diagonal for a diagonal ``lin``), and adds the cotangents of ``E0 μ⁻`` and
+    ``E1 μ⁻`` to ``mbar_pred[:2d]`` (the predicted mean's).
 
-    With ``s_k = |E1 μ⁻_k| + |E1 μ⁻_k − ẑ_k|`` and ``ρ = Σ_k ε² s_k² / c_kk / d``: ``∂ρ/∂s_k = 2 ε² s_k / c_kk / d``,
+    With ``ρ = Σ_k ε² s_k² / c_kk / d`` (:func:`_rounding_scale`): ``∂ρ/∂s_k = 2 ε² s_k / c_kk / d``,
     ``∂ρ/∂c_kk = −ε² s_k² / c_kk² / d``, and ``c_kk`` depends on row ``k`` of ``L`` (:func:`_rounding_terms`).
     """
     dense = lin.shape[1] == d
@@ -108,7 +126,7 @@ def rounding_kappa_adjoint(
             continue
         dy = mu_pred[d + k]
         f = dy - zhat[k]
-        s = abs(dy) + abs(f)
+        s = _rounding_scale(k, mu_pred, zhat, lin, d, dense)
         ds = 2.0 * scale * s / c_kk
         dc = -scale * s * s / (c_kk * c_kk)
         mbar_pred[d + k] += ds * (np.sign(dy) + np.sign(f))
@@ -118,6 +136,11 @@ def rounding_kappa_adjoint(
             for a in range(d):
                 if a != k:
                     jbar[k, a] = dc * 2.0 * u * lin[k, a]
+                jbar[k, a] += ds * np.sign(lin[k, a]) * abs(mu_pred[a])  # the |L_ka ξ_a| terms of s_k
+                mbar_pred[a] += ds * abs(lin[k, a]) * np.sign(mu_pred[a])
+        else:
+            jbar[k, k] += ds * np.sign(lin[k, 0]) * abs(mu_pred[k])
+            mbar_pred[k] += ds * abs(lin[k, 0]) * np.sign(mu_pred[k])
 
 
 # What a step's diffusion is, for the derivatives: its own local estimate (differentiated with

@@ -331,10 +331,10 @@ def filter_tangents(vector_field, run, steps, rq, local):
                         if j >= d:
                             v += hyp[k, c, j - d]
                         dh[k, c] = -v
-            if varies:  # dκ = ∂κ/∂ẑ · dẑ + ∂κ/∂L · dL (+ ∂ρ/∂(E1 μ⁻) · E1 dμ⁻), with dL = −dH on the E0 columns
+            if varies:  # dκ = ∂κ/∂ẑ · dẑ + ∂κ/∂L · dL (+ ∂ρ/∂(E0, E1 μ⁻) · dμ⁻), with dL = −dH on the E0 columns
                 v = 0.0
                 for k in range(d):
-                    v += kappa_zbar[k] * dz[k] + kappa_mbar[d + k] * dmu_pred[d + k]
+                    v += kappa_zbar[k] * dz[k] + kappa_mbar[k] * dmu_pred[k] + kappa_mbar[d + k] * dmu_pred[d + k]
                     if ek1:
                         for c in range(d):
                             v -= kappa_jbar[k, c] * dh[k, c]
@@ -437,13 +437,13 @@ def block_filter_tangents(vector_field, run, steps, rq, local):
                 z_all[i] = mu_pred[d + i] - fx[i]
                 lin_diag[i, 0] = jac[i, i] if ek1 else 0.0
             source = diffusion_source(kappa, rounding_kappa(step, rq, q, d, lin_diag, z_all, mu_pred))
-        if source == KAPPA_ROUNDING:  # dρ = Σ_i ∂ρ/∂(ẑ_i, L_ii, E1 μ⁻_i) · (dẑ_i, dL_ii, E1 dμ⁻_i)
+        if source == KAPPA_ROUNDING:  # dρ = Σ_i ∂ρ/∂(ẑ_i, L_ii, E0 μ⁻_i, E1 μ⁻_i) · (dẑ_i, dL_ii, E0 dμ⁻_i, E1 dμ⁻_i)
             kappa_mbar[:] = 0.0
             rounding_kappa_adjoint(1.0, step, rq, q, d, lin_diag, z_all, mu_pred, zbar_all, jbar_all, kappa_mbar)
             for i in range(d):
                 for j in range(n_dir):
                     dkappa[j] += (zbar_all[i] * dz_all[i, j] + jbar_all[i, i] * dl_all[i, j]
-                                  + kappa_mbar[d + i] * dmu_pred[d + i, j])
+                                  + kappa_mbar[i] * dmu_pred[i, j] + kappa_mbar[d + i] * dmu_pred[d + i, j])
         elif source == KAPPA_ESTIMATE:  # dκ = Σ_i ∂(ẑ_i² / c_ii / d)/∂(ẑ_i, L_ii) · (dẑ_i, dL_ii)
             for i in range(d):
                 lin1[0, 0] = lin_diag[i, 0]
