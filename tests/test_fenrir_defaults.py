@@ -85,6 +85,51 @@ def test_default_fenrir_agrees_with_the_exact_likelihood_across_a_parameter_box(
         assert n_blow_up == 2  # the box reaches into the blow-up region
 
 
+def brusselator(y, t, p):
+    return [p[0] - (p[1] + 1) * y[0] + y[0] ** 2 * y[1], p[1] * y[0] - y[0] ** 2 * y[1]]
+
+
+def sir(y, t, p):
+    infections = p[0] * y[0] * y[1]
+    return [-infections, infections - p[1] * y[1]]
+
+
+# (vector field, y0, times, observed states, truth, noise sd, points): a limit cycle with both states observed and
+# an epidemic with only the infected fraction observed (two of the ODEs of benchmarks/gradient_audit.py)
+GRADIENT_CASES = {
+    "Brusselator": (brusselator, [1.0, 1.0], np.linspace(0.5, 15.0, 20), [0, 1], [1.0, 3.0], 0.2,
+                    [[1.0, 3.0], [1.16, 3.23], [0.65, 1.99]]),
+    "SIR, infected observed": (sir, [0.99, 0.01], np.linspace(2.0, 60.0, 20), [1], [0.5, 0.1], 0.02,
+                               [[0.5, 0.1], [0.3, 0.15], [0.9, 0.06]]),
+}
+
+
+@pytest.mark.parametrize("name", list(GRADIENT_CASES))
+def test_default_gradient_agrees_with_the_exact_likelihoods_gradient(name):
+    """End to end, with error control and the local diffusion differentiated through: the default value and
+    gradient against the exact Gaussian log-likelihood and its central differences (the benchmark's worst:
+    value 8e-7, gradient 9e-4 relative)."""
+    func, y0, times, rows, truth, sd, points = GRADIENT_CASES[name]
+    data = _reference(func, y0, np.array(truth), times)[:, rows]
+    data = data + sd * np.random.default_rng(1).standard_normal(data.shape)
+
+    def exact_loglik(th):
+        return norm.logpdf(data, _reference(func, y0, th, times)[:, rows], sd).sum()
+
+    ode = pn.ODE(func, n_states=2, n_theta=2)
+    theta = pt.vector("theta")
+    ll = pn.fenrir_loglik(ode, y0, theta, times, data, obs_matrix=np.eye(2)[rows], obs_sigma=sd)
+    value_and_grad = pytensor.function([theta], [ll, pytensor.grad(ll, theta)])
+    for th in map(np.array, points):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pn.AccuracyWarning)
+            value, gradient = value_and_grad(th)
+        exact_gradient = _central_differences(exact_loglik, th, eps=1e-6)
+        assert abs(value - exact_loglik(th)) <= 1e-4 * abs(value), (th, value)
+        assert np.linalg.norm(gradient - exact_gradient) <= 1e-2 * np.linalg.norm(exact_gradient), (
+            th, gradient, exact_gradient)
+
+
 @pytest.mark.parametrize("step", [0.2, 0.1, 0.05, 0.02])
 def test_a_fixed_step_is_never_silently_wrong(step):
     """The relaxation oscillator over μ ∈ [1, 10] at fixed steps: each evaluation is within 1 % of the
