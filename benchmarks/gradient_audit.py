@@ -1,8 +1,9 @@
-"""Fenrir at its defaults on ODEs the tests do not use: value and gradient against the exact likelihood's.
+"""Fenrir at its defaults on ODEs not used in developing them: value and gradient against the exact likelihood's.
 
-Seven small models (Michaelis–Menten with product decay, the Brusselator, a damped pendulum with its angle
-observed, SIR with the infected fraction observed, Van der Pol with μ from 0.5 to 5, Gompertz growth with one
-state, Lotka–Volterra with four parameters), each with data simulated at its true parameters. At random points of
+Seven small models — Michaelis–Menten with product decay, the Brusselator, a damped pendulum with its angle
+observed, SIR with the infected fraction observed, Van der Pol with μ from 0.5 to 5, Gompertz growth with one state,
+Lotka–Volterra with four parameters (the Brusselator and SIR are also in ``tests/test_fenrir_defaults.py``) —
+each with data simulated at its true parameters. At random points of
 a box around them (log-uniform, the factors in ``PROBLEMS``) the default ``pn.fenrir_loglik`` (error control,
 local calibrated diffusion; no step, no diffusion given) and its gradient are compared with the exact Gaussian
 log-likelihood around a DOP853 solution (rtol = atol = 1e-12) and that likelihood's central differences (spacing
@@ -20,7 +21,9 @@ Run: ``python benchmarks/gradient_audit.py [--points 12] [--seed 1] [problem ...
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
+import sys
 import time
 import warnings
 
@@ -31,6 +34,9 @@ from scipy.integrate import solve_ivp
 
 import pymc_pnode as pn
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from test_fenrir_defaults import brusselator, sir  # noqa: E402  (the vector fields the test checks too)
+
 warnings.filterwarnings("ignore", message="PyTensor could not link to a BLAS")
 
 
@@ -39,17 +45,8 @@ def michaelis_menten(y, t, p):
     return [-rate, rate - p[2] * y[1]]
 
 
-def brusselator(y, t, p):
-    return [p[0] - (p[1] + 1) * y[0] + y[0] ** 2 * y[1], p[1] * y[0] - y[0] ** 2 * y[1]]
-
-
 def pendulum(y, t, p):
     return [y[1], -p[0] * np.sin(y[0]) - p[1] * y[1]]
-
-
-def sir(y, t, p):
-    infections = p[0] * y[0] * y[1]
-    return [-infections, infections - p[1] * y[1]]
 
 
 def van_der_pol(y, t, p):
