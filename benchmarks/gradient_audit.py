@@ -1,8 +1,9 @@
-"""Fenrir at its defaults on ODEs not used in developing them: value and gradient against the exact likelihood's.
+"""Fenrir at its defaults on seven ODEs and boxes of their own: value and gradient against the exact likelihood's.
 
 Seven small models — Michaelis–Menten with product decay, the Brusselator, a damped pendulum with its angle
 observed, SIR with the infected fraction observed, Van der Pol with μ from 0.5 to 5, Gompertz growth with one state,
-Lotka–Volterra with four parameters (the Brusselator and SIR are also in ``tests/test_fenrir_defaults.py``) —
+Lotka–Volterra with four parameters (Van der Pol and Lotka–Volterra also appear in the defaults' accuracy tests,
+with other settings; the Brusselator and SIR are checked by ``tests/test_fenrir_defaults.py`` too) —
 each with data simulated at its true parameters. At random points of
 a box around them (log-uniform, the factors in ``PROBLEMS``) the default ``pn.fenrir_loglik`` (error control,
 local calibrated diffusion; no step, no diffusion given) and its gradient are compared with the exact Gaussian
@@ -35,7 +36,8 @@ from scipy.integrate import solve_ivp
 import pymc_pnode as pn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from test_fenrir_defaults import brusselator, sir  # noqa: E402  (the vector fields the test checks too)
+from test_fenrir_defaults import brusselator, sir  # noqa: E402  (the vector fields the tests use too)
+from test_fenrir_defaults import relaxation_oscillator as van_der_pol  # noqa: E402
 
 warnings.filterwarnings("ignore", message="PyTensor could not link to a BLAS")
 
@@ -47,10 +49,6 @@ def michaelis_menten(y, t, p):
 
 def pendulum(y, t, p):
     return [y[1], -p[0] * np.sin(y[0]) - p[1] * y[1]]
-
-
-def van_der_pol(y, t, p):
-    return [y[1], p[0] * (1 - y[0] ** 2) * y[1] - y[0]]
 
 
 def gompertz(y, t, p):
@@ -88,14 +86,14 @@ def exact_loglik(f, y0, theta, times, data, rows, sd) -> float:
     return float(-0.5 * np.sum(residual**2) / sd**2 - residual.size * np.log(np.sqrt(2 * np.pi) * sd))
 
 
-def exact_gradient(f, y0, theta, times, data, rows, sd) -> np.ndarray:
-    gradient = np.empty_like(theta)
-    for j in range(theta.size):
-        shift = np.zeros_like(theta)
-        shift[j] = 1e-6 * theta[j]
-        gradient[j] = (exact_loglik(f, y0, theta + shift, times, data, rows, sd)
-                       - exact_loglik(f, y0, theta - shift, times, data, rows, sd)) / (2 * shift[j])
-    return gradient
+def relative_central_differences(function, x: np.ndarray, spacing: float) -> np.ndarray:
+    """Central differences of a scalar function, each coordinate shifted by ``spacing`` times its value."""
+    differences = np.empty_like(x)
+    for j in range(x.size):
+        shift = np.zeros_like(x)
+        shift[j] = spacing * x[j]
+        differences[j] = (function(x + shift) - function(x - shift)) / (2 * shift[j])
+    return differences
 
 
 def audit(name: str, n_points: int, rng: np.random.Generator, details: list[str]) -> str:
@@ -119,12 +117,9 @@ def audit(name: str, n_points: int, rng: np.random.Generator, details: list[str]
         flagged = any(issubclass(w.category, pn.AccuracyWarning) for w in caught)
         warned += flagged
         exact = exact_loglik(f, y0, point, times, data, rows, sd)
-        exact_grad = exact_gradient(f, y0, point, times, data, rows, sd)
-        own_difference = np.empty_like(point)
-        for j in range(point.size):
-            shift = np.zeros_like(point)
-            shift[j] = 1e-7 * point[j]
-            own_difference[j] = (function(point + shift)[0] - function(point - shift)[0]) / (2 * shift[j])
+        exact_grad = relative_central_differences(
+            lambda th: exact_loglik(f, y0, th, times, data, rows, sd), point, 1e-6)
+        own_difference = relative_central_differences(lambda th: function(th)[0], point, 1e-7)
         grid_motion = np.linalg.norm(gradient - own_difference) / max(1.0, np.linalg.norm(own_difference))
         grid_motions.append(grid_motion)
         value_error = abs(value - exact) / max(1.0, abs(exact))
