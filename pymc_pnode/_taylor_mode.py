@@ -5,8 +5,9 @@ Lie derivatives they swell with ``q`` and ``d`` (the generated code of a 100-sta
 compile). Here the vector field's graph becomes a *tape* (a flat list of scalar operations, stored as arrays)
 that one library interpreter evaluates on truncated power series (Griewank & Walther, 2008, *Evaluating
 Derivatives*, ch. 13): the coefficients follow from :math:`y(s) = \\sum_k c_k s^k`, :math:`c_{k+1} =
-[f(y(s), t_0 + s, \\theta)]_k / (k + 1)`. The tape grows with the field's operations, and each new ODE compiles
-only a three-line wrapper.
+[f(y(s), t_0 + s, \\theta)]_k / (k + 1)`. The tape grows with the field's operations. The interpreter is compiled
+once per machine into C functions that take the tape as arrays; each new ODE compiles only three one-line
+functions that call them with its tape.
 
 Derivatives of the coefficients with respect to ``y0`` and ``θ`` differentiate that recursion:
 :math:`\\delta c_{k+1} = (\\sum_{i \\le k} A_i \\delta c_{k-i} + B_k \\delta\\theta) / (k + 1)` with :math:`A(s),
@@ -27,14 +28,17 @@ from typing import NamedTuple
 
 import numba as nb
 import numpy as np
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba.core import cgutils
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.fg import FunctionGraph
 
 from pymc_pnode._codegen import UnsupportedOperation
-from pymc_pnode._jit import JIT
+from pymc_pnode._jit import COMPILE_LOCK, JIT
 
-# Generated wrappers compile this module's interpreter into their own (disk-cached) code: their cache key
-# carries this file's hash, so a changed interpreter never runs as a stale copy.
+# Generated modules call this module's interpreter by symbol names that carry this file's hash, and their cache
+# key carries it too: a changed interpreter or tape layout never meets a stale module.
 VERSION = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 # ---------------------------------------------------------------- opcodes (columns: code, out, a, b, x)
@@ -312,21 +316,6 @@ def build_tape(
     )
 
 
-def tape_source(name: str, tape: Tape) -> str:
-    """Python source binding ``name`` to ``tape`` (module-level arrays that numba freezes as constants)."""
-    def array(values: np.ndarray, dtype: str) -> str:
-        flat = ", ".join(repr(v) for v in values.ravel().tolist())
-        return f"np.array([{flat}], dtype=np.{dtype}).reshape({values.shape})"
-
-    fields = [
-        f"ops={array(tape.ops, 'int64')}", f"param={array(tape.param, 'float64')}",
-        f"const_rows={array(tape.const_rows, 'int64')}", f"const_values={array(tape.const_values, 'float64')}",
-        f"n_rows={tape.n_rows}", f"field={array(tape.field, 'int64')}",
-        f"jac_y={array(tape.jac_y, 'int64')}", f"jac_p={array(tape.jac_p, 'int64')}",
-    ]
-    return f"{name} = _taylor_mode.Tape(\n    " + ",\n    ".join(fields) + ",\n)\n"
-
-
 # ---------------------------------------------------------------- the interpreter
 @nb.njit(**JIT)
 def _primitive_value(function: int, u: float, param: float) -> float:
@@ -542,30 +531,159 @@ def coefficients_jacobian(tape, y, t, p, out_y, out_p):
         out_p[k] = factorial * dp[k]
 
 
-def module_source(field: Tape, full: Tape) -> str:
-    """Source of the generated functions ``taylor``, ``taylor_vjp`` and ``taylor_jac`` of one vector field (the
-    signatures of :class:`pymc_pnode.ode.ODE`'s), any order: ``field`` is the tape of ``f`` alone, ``full`` adds
-    its Jacobians."""
-    options = "cache=True, error_model='numpy'"
+# ---------------------------------------------------------------- the interpreter as C functions
+# Each new ODE used to compile the interpreter into its own generated module (with its tape as constants) and
+# again into each C callback of it: ≈ 3 s per new vector field. The interpreter is instead compiled once per
+# machine into C functions that take the tape as two flat arrays (:func:`pack`) and are registered with LLVM
+# under fixed symbol names; a generated module only calls them (:func:`_call_symbol`).
+_HEADER = 7  # n_ops, n_const, n_rows, d, n_theta, n_jac_y, n_jac_p
+
+
+def pack(tape: Tape, n_theta: int) -> tuple[np.ndarray, np.ndarray]:
+    """``tape`` as one int64 array (a header of sizes, then ops, constants' rows, field rows, Jacobian entries)
+    and one float64 array (the POWER exponents, then the constants' values): what the C interpreter reads."""
+    d = tape.field.shape[0]
+    header = [tape.ops.shape[0], tape.const_rows.shape[0], tape.n_rows, d, n_theta, tape.jac_y.shape[0],
+              tape.jac_p.shape[0]]
+    ints = np.concatenate([np.array(header, dtype=np.int64), tape.ops.ravel(), tape.const_rows, tape.field,
+                           tape.jac_y.ravel(), tape.jac_p.ravel()]).astype(np.int64)
+    floats = np.concatenate([tape.param, tape.const_values]).astype(np.float64)
+    return ints, floats
+
+
+@nb.njit(**JIT)
+def _unpack(ints_ptr, floats_ptr):
+    """The :data:`Tape` behind the pointers of a :func:`pack`ed tape, and its ``d`` and ``n_theta``."""
+    header = nb.carray(ints_ptr, _HEADER)
+    n_ops, n_const, n_rows, d, n_theta, n_y, n_p = (header[0], header[1], header[2], header[3], header[4], header[5],
+                                                    header[6])
+    ints = nb.carray(ints_ptr, _HEADER + 5 * n_ops + n_const + d + 3 * (n_y + n_p))
+    floats = nb.carray(floats_ptr, n_ops + n_const)
+    o = _HEADER
+    ops = ints[o:o + 5 * n_ops].reshape((n_ops, 5))
+    o += 5 * n_ops
+    const_rows = ints[o:o + n_const]
+    o += n_const
+    field = ints[o:o + d]
+    o += d
+    jac_y = ints[o:o + 3 * n_y].reshape((n_y, 3))
+    o += 3 * n_y
+    jac_p = ints[o:o + 3 * n_p].reshape((n_p, 3))
+    return Tape(ops, floats[:n_ops], const_rows, floats[n_ops:], n_rows, field, jac_y, jac_p), d, n_theta
+
+
+_I64P, _F64P = nb.types.CPointer(nb.int64), nb.types.CPointer(nb.float64)
+
+
+def _coefficients_c(ints, floats, y, t, p, out, order):
+    tape, d, n_theta = _unpack(ints, floats)
+    coefficients(tape, nb.carray(y, d), t, nb.carray(p, n_theta), nb.carray(out, (order + 1, d)))
+
+
+def _coefficients_vjp_c(ints, floats, y, t, p, weights, out_y, out_p, order):
+    tape, d, n_theta = _unpack(ints, floats)
+    coefficients_vjp(tape, nb.carray(y, d), t, nb.carray(p, n_theta), nb.carray(weights, (order + 1, d)),
+                     nb.carray(out_y, d), nb.carray(out_p, n_theta))
+
+
+def _coefficients_jacobian_c(ints, floats, y, t, p, out_y, out_p, order):
+    tape, d, n_theta = _unpack(ints, floats)
+    coefficients_jacobian(tape, nb.carray(y, d), t, nb.carray(p, n_theta), nb.carray(out_y, (order + 1, d, d)),
+                          nb.carray(out_p, (order + 1, d, n_theta)))
+
+
+# The C function behind each generated Taylor-mode function, with its signature; a symbol name carries the version,
+# which keeps a process from mixing interpreters.
+_INTERPRETERS = {
+    "taylor": (_coefficients_c, nb.types.void(_I64P, _F64P, _F64P, nb.float64, _F64P, _F64P, nb.int64)),
+    "taylor_vjp": (_coefficients_vjp_c,
+                   nb.types.void(_I64P, _F64P, _F64P, nb.float64, _F64P, _F64P, _F64P, _F64P, nb.int64)),
+    "taylor_jac": (_coefficients_jacobian_c,
+                   nb.types.void(_I64P, _F64P, _F64P, nb.float64, _F64P, _F64P, _F64P, nb.int64)),
+}
+_registered: dict = {}  # name → its compiled C function, kept alive while LLVM holds its address
+
+
+def _symbol(name: str) -> str:
+    return f"pymc_pnode_{name}_{VERSION}"
+
+
+def register_interpreter(name: str) -> None:
+    """Make the C interpreter of the generated function ``name`` (a key of :data:`_INTERPRETERS`) callable by
+    generated modules: compiled, or loaded from numba's cache, at its first registration in a process. Every
+    generated module calls it before its own function (an unresolved symbol would abort the process)."""
+    if name not in _registered:
+        with COMPILE_LOCK:
+            if name not in _registered:
+                func, signature = _INTERPRETERS[name]
+                compiled = nb.cfunc(signature, **JIT)(func)
+                llvm.add_symbol(_symbol(name), compiled.address)
+                _registered[name] = compiled
+
+
+@nb.extending.intrinsic
+def _call_symbol(typingctx, symbol, *args):
+    """Call the C function registered as the literal string ``symbol`` with ``args``: arrays (C-contiguous, passed
+    as pointers to their first element), floats (as double) and integers (as int64)."""
+    if not isinstance(symbol, nb.types.StringLiteral):
+        return None
+    for arg in args:
+        if isinstance(arg, nb.types.Array):
+            if arg.layout != "C" or arg.dtype not in (nb.float64, nb.int64):
+                return None
+        elif not isinstance(arg, (nb.types.Float, nb.types.Integer)):
+            return None
+    sig = nb.types.void(symbol, nb.types.StarArgTuple.from_types(args))
+
+    def codegen(context, builder, signature, call_args):
+        _, packed = call_args
+        values, types_ = [], []
+        for i, ty in enumerate(args):
+            value = builder.extract_value(packed, i)
+            if isinstance(ty, nb.types.Array):
+                data = context.make_array(ty)(context, builder, value).data
+                types_.append(data.type)
+                values.append(data)
+            else:
+                target = nb.float64 if isinstance(ty, nb.types.Float) else nb.int64
+                types_.append(context.get_value_type(target))
+                values.append(context.cast(builder, value, ty, target))
+        fnty = ir.FunctionType(ir.VoidType(), types_)
+        fn = cgutils.get_or_insert_function(builder.module, fnty, symbol.literal_value)
+        builder.call(fn, values)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# The generated functions: their signatures (:mod:`pymc_pnode._codegen`) and how they call the interpreter
+# (the interpreter's order from the output's first dimension).
+_GENERATED = {
+    "taylor": ("SIG_MAT", "y, t, p, out", "out.shape[0] - 1"),
+    "taylor_vjp": ("SIG_CONTRACT", "y, t, p, weights, out_y, out_p", "weights.shape[0] - 1"),
+    "taylor_jac": ("SIG_TEN2", "y, t, p, out_y, out_p", "out_y.shape[0] - 1"),
+}
+
+
+def module_source(name: str, tape: Tape, n_theta: int) -> str:
+    """Source of the generated function ``name`` of one vector field (``taylor``, ``taylor_vjp`` or ``taylor_jac``,
+    with the signatures of :class:`pymc_pnode.ode.ODE`'s; any order) for its ``tape`` (with the Jacobians' entries
+    for the last two): a call of the C interpreter, which the module registers when it is imported (also where
+    numba loads the function from its cache, or a process unpickles it)."""
+    signature, args, order = _GENERATED[name]
+    ints, floats = pack(tape, n_theta)
     return "\n".join([
         "import numpy as np",
         "from pymc_pnode import _taylor_mode",
         "",
-        tape_source("_FIELD", field),
-        tape_source("_FULL", full),
-        "",
-        f"@nb.njit(SIG_MAT, {options})",
-        "def taylor(y, t, p, out):",
-        "    _taylor_mode.coefficients(_FIELD, y, t, p, out)",
+        f"_taylor_mode.register_interpreter({name!r})  # before numba compiles or loads the function below",
+        f"_INTS = np.array({ints.tolist()!r}, dtype=np.int64)",
+        # the floats by their bit patterns: exact, and valid source for inf and nan too
+        f"_FLOATS = np.array({floats.view(np.int64).tolist()!r}, dtype=np.int64).view(np.float64)",
         "",
         "",
-        f"@nb.njit(SIG_CONTRACT, {options})",
-        "def taylor_vjp(y, t, p, weights, out_y, out_p):",
-        "    _taylor_mode.coefficients_vjp(_FULL, y, t, p, weights, out_y, out_p)",
-        "",
-        "",
-        f"@nb.njit(SIG_TEN2, {options})",
-        "def taylor_jac(y, t, p, out_y, out_p):",
-        "    _taylor_mode.coefficients_jacobian(_FULL, y, t, p, out_y, out_p)",
+        f"@nb.njit({signature}, cache=True, error_model='numpy')",
+        f"def {name}({args}):",
+        f"    _taylor_mode._call_symbol({_symbol(name)!r}, _INTS, _FLOATS, {args}, {order})",
         "",
     ])

@@ -119,7 +119,7 @@ class ODE:
         self._hess_rows = None
         self._contract = None
         self._first_derivatives: tuple[list[list[Variable]], list[list[Variable]]] | None = None
-        self._taylor_mode = None
+        self._taylor_mode: dict[str, object] = {}  # name → its Taylor-mode module, or None
         base = self._module("base", self._base_source)
         d, k = self.n_states, self.n_theta
         self.rhs = self._compiled(base.rhs, (d,))
@@ -232,35 +232,37 @@ class ODE:
             ]
         )
 
-    def _taylor_mode_source(self) -> str | None:
-        """Source of the Taylor-mode functions (any order), or None when the field has an operation without a
-        Taylor rule (the symbolic Lie derivatives serve it then)."""
-        jac_y, jac_p = self._jacobian_graphs()
-        rows = [list(row) for row in [*jac_y, *jac_p]]
-        # Simplify the entries that are not constants (most are zeros), as the generated Jacobians are.
-        where = [(i, j) for i, row in enumerate(rows) for j, g in enumerate(row) if not isinstance(g, Constant)]
-        for (i, j), g in zip(where, _codegen.canonicalize([rows[i][j] for i, j in where], self._inputs)):
-            rows[i][j] = g
-        jac_y, jac_p = rows[:self.n_states], rows[self.n_states:]
+    def _taylor_mode_source(self, name: str) -> str | None:
+        """Source of the Taylor-mode function ``name`` (``taylor``, ``taylor_vjp`` or ``taylor_jac``; any order), or
+        None when the field has an operation without a Taylor rule (the symbolic Lie derivatives serve it then)."""
+        jac_y = jac_p = None
+        if name != "taylor":  # the derivatives of the coefficients need the Jacobians' jets
+            jac_y, jac_p = self._jacobian_graphs()
+            rows = [list(row) for row in [*jac_y, *jac_p]]
+            # Simplify the entries that are not constants (most are zeros), as the generated Jacobians are.
+            where = [(i, j) for i, row in enumerate(rows) for j, g in enumerate(row) if not isinstance(g, Constant)]
+            for (i, j), g in zip(where, _codegen.canonicalize([rows[i][j] for i, j in where], self._inputs)):
+                rows[i][j] = g
+            jac_y, jac_p = rows[:self.n_states], rows[self.n_states:]
         try:
-            field = _taylor_mode.build_tape(self._y, self._t, self._p, self._f)
-            full = _taylor_mode.build_tape(self._y, self._t, self._p, self._f, jac_y, jac_p)
+            tape = _taylor_mode.build_tape(self._y, self._t, self._p, self._f, jac_y, jac_p)
         except _codegen.UnsupportedOperation:
             return None
-        return _taylor_mode.module_source(field, full)
+        return _taylor_mode.module_source(name, tape, self.n_theta)
 
-    def _taylor_mode_module(self):
-        """The module of Taylor-mode functions (any order), or None (see :meth:`_taylor_mode_source`)."""
-        if self._taylor_mode is None:
-            module = self._module(f"taylormode-{_taylor_mode.VERSION}", self._taylor_mode_source)
-            self._taylor_mode = False if module is None else module
-        return self._taylor_mode or None
+    def _taylor_mode_module(self, name: str = "taylor"):
+        """The module of the Taylor-mode function ``name`` (any order), or None (see :meth:`_taylor_mode_source`)."""
+        if name not in self._taylor_mode:
+            module = self._module(f"{name.replace('_', '')}mode-{_taylor_mode.VERSION}",
+                                  lambda: self._taylor_mode_source(name))
+            self._taylor_mode[name] = module
+        return self._taylor_mode[name]
 
     def _taylor_part(self, name: str, order: int, cache: dict, shapes, make_source) -> CompiledFunction:
         """The generated function ``name`` for Taylor coefficients up to ``order``: in Taylor mode when the field
         allows, else from symbolic Lie derivatives (``make_source``; one module per order)."""
         if order not in cache:
-            module = self._taylor_mode_module()
+            module = self._taylor_mode_module(name)
             if module is None:
                 module = self._module(f"{name.replace('_', '')}{order}", make_source)
             cache[order] = self._compiled(getattr(module, name), *shapes)

@@ -178,11 +178,20 @@ from tests.conftest import lotka_volterra
 
 ode = pn.ODE(lotka_volterra, n_states=2, n_theta=4)
 rhs = ode.rhs.dispatcher
+# the Taylor-mode functions call the interpreter by its registered symbol, also when loaded from the cache
+import numpy as np
+taylor, vjp = ode.taylor_coefficients(3), ode.taylor_vjp(3)
+addresses = [taylor.address, vjp.address]  # their C callbacks, as the kernels take them
+coefficients, gy, gp = np.empty((4, 2)), np.empty(2), np.empty(4)
+taylor(np.array([1.3, 0.7]), 0.0, np.array([0.5, 1.1, 0.9, 0.4]), coefficients)
+vjp(np.array([1.3, 0.7]), 0.0, np.array([0.5, 1.1, 0.9, 0.4]), np.ones((4, 2)), gy, gp)
 print(json.dumps({
     "generated": generated,
     "file": rhs.py_func.__code__.co_filename,
     "numba_cache_hits": sum(rhs.stats.cache_hits.values()),
+    "taylor_cache_hits": sum(taylor.dispatcher.stats.cache_hits.values()),
     "f": list(ode.f([1.3, 0.7], 0.0, [0.5, 1.1, 0.9, 0.4])),
+    "taylor": [*coefficients.ravel(), *gy, *gp],
 }))
 """
 
@@ -211,8 +220,9 @@ def test_generated_code_is_reused_from_disk(tmp_path):
     assert second["generated"] == []
     assert second["file"] == first["file"]
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("pnode_*.py")} == files
-    assert second["numba_cache_hits"] > 0
+    assert second["numba_cache_hits"] > 0 and second["taylor_cache_hits"] > 0
     assert second["f"] == first["f"]
+    assert second["taylor"] == first["taylor"] and np.isfinite(first["taylor"]).all()
 
 
 def test_wrong_output_length_names_func():
