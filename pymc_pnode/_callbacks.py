@@ -1,12 +1,12 @@
 """How compiled kernels call an ODE's generated functions: C callbacks addressed by integers.
 
 Every generated function of an :class:`~pymc_pnode.ODE` (the vector field, its Jacobians, second
-derivatives, Taylor coefficients) is a numba function ``f(y, t, p, *arrays)`` writing into its last
-arrays. Kernels do not receive it as a numba first-class function: numba unboxes such an argument on
+derivatives, Taylor coefficients) is a C function ``void(double* y, double t, double* p, double* a1, ...)``
+writing into its last arrays: compiled natively (:mod:`pymc_pnode._codegen`), or, for the Taylor-mode
+functions, a numba function wrapped once in a C-ABI ``cfunc``, generated into a small module cached on disk.
+Kernels do not receive them as numba first-class functions: numba unboxes such an argument on
 every call from Python through two Python look-ups, 2–3 µs per function and call, where an ``int64``
-costs nanoseconds (``benchmarks/function_passing.py``). Each function is instead wrapped once in a C-ABI
-``cfunc`` taking raw pointers (``void(double* y, double t, double* p, double* a1, ...)``), generated into
-a small module cached on disk next to the ODE's own code; kernels take the wrapper's address as an
+costs nanoseconds (``benchmarks/function_passing.py``). Kernels take the C function's address as an
 ``int64`` (:data:`FN` in their signatures) and call it with :func:`call`. One compiled kernel then
 serves every ODE, and inside it a call costs a little less than a first-class function call (2.9 against 3.8 ns
 for the Lotka–Volterra field in that benchmark).
@@ -14,9 +14,11 @@ for the Lotka–Volterra field in that benchmark).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 
 import numba as nb
+import numpy as np
 from llvmlite import ir
 from numba import types
 
@@ -70,26 +72,38 @@ def callback(y, t, {names}):
 
 
 class CompiledFunction:
-    """A generated function of an ODE: callable from Python, and by kernels through :attr:`address`.
+    """A generated function of an ODE: a C function ``void(double* y, double t, double* p, double* a1, ...)`` that
+    kernels call by :attr:`address`, and Python as ``f(y, t, p, *arrays)``.
 
     Parameters
     ----------
-    dispatcher : numba dispatcher
-        The generated ``@njit`` function ``f(y, t, p, *arrays)`` (compiled for C-contiguous float64 arrays).
     shapes : sequence of tuple of int
-        The shapes of ``y``, ``p`` and every further array argument, in order: the C wrapper sees raw
+        The shapes of ``y``, ``p`` and every further array argument, in order: the C function sees raw
         pointers and needs them to index.
+    native : tuple of (NativeModule, str), optional
+        A function compiled natively (:func:`pymc_pnode._codegen.load_native`): its module and name.
+    dispatcher : numba dispatcher, optional
+        A numba function ``f(y, t, p, *arrays)`` (C-contiguous float64 arrays; the Taylor-mode functions), wrapped
+        in a C callback on the first use of :attr:`address`.
     """
 
-    def __init__(self, dispatcher, shapes: Sequence[tuple[int, ...]]):
-        self.dispatcher = dispatcher
+    def __init__(self, shapes: Sequence[tuple[int, ...]], *, native=None, dispatcher=None):
+        if (native is None) == (dispatcher is None):
+            raise TypeError("give either native or dispatcher")
         self.shapes = tuple(tuple(int(n) for n in shape) for shape in shapes)
+        self.dispatcher = dispatcher
+        self.name = native[1] if native is not None else dispatcher.py_func.__name__
+        self._native = native
         self._wrapper = None
+        self._c_function = None
 
     @property
     def address(self) -> int:
-        """The address of the C wrapper ``void(double* y, double t, double* p, double* ...)`` (generated and
-        compiled on first use, cached on disk; kept alive with this object)."""
+        """The address of the C function (for a numba function, its wrapper: generated and compiled on first use,
+        cached on disk; kept alive with this object)."""
+        if self._native is not None:
+            module, name = self._native
+            return module.address(name)
         if self._wrapper is None:
             with COMPILE_LOCK:
                 if self._wrapper is None:
@@ -108,8 +122,27 @@ class CompiledFunction:
         key = _codegen.source_key("callback", _VERSION, module, function, repr(self.shapes))
         return _codegen.load_module(key, source)
 
-    def __call__(self, *args):
-        return self.dispatcher(*args)
+    def __call__(self, y, t, p, *arrays):
+        if self.dispatcher is not None:
+            return self.dispatcher(y, t, p, *arrays)
+        if len(arrays) != len(self.shapes) - 2:
+            raise TypeError(f"{self.name} takes y, t, p and {len(self.shapes) - 2} arrays, got {len(arrays)}")
+        if self._c_function is None:
+            prototype = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_double, *[ctypes.c_void_p] * (len(arrays) + 1))
+            self._c_function = prototype(self.address)
+        pointers = [_pointer(a, shape, self.name, i) for i, (a, shape) in enumerate(zip((y, p, *arrays), self.shapes))]
+        self._c_function(pointers[0], float(t), *pointers[1:])
 
     def __repr__(self) -> str:
-        return f"CompiledFunction({self.dispatcher.py_func.__name__}, shapes={self.shapes})"
+        return f"CompiledFunction({self.name}, shapes={self.shapes})"
+
+
+def _pointer(array, shape: tuple[int, ...], name: str, position: int) -> int:
+    """The data pointer of an argument of a native function, which must be a C-contiguous float64 array of its
+    shape (the function reads and writes through raw pointers: anything else would be memory out of bounds)."""
+    if not (isinstance(array, np.ndarray) and array.dtype == np.float64 and array.flags.c_contiguous
+            and array.shape == shape):
+        got = f"{array.dtype} array of shape {array.shape}" if isinstance(array, np.ndarray) else type(array).__name__
+        raise TypeError(f"argument {position} of {name} must be a C-contiguous float64 array of shape {shape}, "
+                        f"got a {got}")
+    return array.ctypes.data

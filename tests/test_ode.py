@@ -78,14 +78,14 @@ def test_contracted_derivatives_equal_the_full_tensors_and_grow_with_the_nonzero
     np.testing.assert_array_equal(rows_y, np.einsum("iie->ie", hyy))
     np.testing.assert_array_equal(rows_p, np.einsum("iie->ie", hyp))
     assert np.count_nonzero(rows_y) == 5 and np.count_nonzero(rows_p) == 5  # ∂f_i/∂y_i = 2 θ sin(t) y_i − 1
-    small_sizes = {path.name: path.stat().st_size for path in tmp_path.glob("pnode_*.py")}
+    small_sizes = {path.name: path.stat().st_size for path in tmp_path.glob("pnode_*.o")}
     w = rng.normal(size=(4, 5))
     ty, tp = np.empty((4, 5, 5)), np.empty((4, 5, 1))
     small.taylor_functions(3)[1](y, 0.4, p, ty, tp)
     small.taylor_vjp(3)(y, 0.4, p, w, out_y, out_p)
     assert np.allclose(out_y, np.einsum("ic,ice->e", w, ty), rtol=1e-12, atol=1e-12)
     assert np.allclose(out_p, np.einsum("ic,ice->e", w, tp), rtol=1e-12, atol=1e-12)
-    taylor_modules = {path.name for path in tmp_path.glob("pnode_*.py")} - set(small_sizes)
+    taylor_modules = {path.name for path in tmp_path.glob("pnode_*.o")} - set(small_sizes)
 
     # 20 states: the contraction against central differences of the Jacobian (the full tensors are what the
     # contraction avoids generating), and the size of the field's, Jacobians' and contraction's modules.
@@ -102,11 +102,11 @@ def test_contracted_derivatives_equal_the_full_tensors_and_grow_with_the_nonzero
         assert np.sum(w * fd) == pytest.approx(out_y[k], rel=1e-7, abs=1e-7)
     fd = (large.jacobian(y, 0.4, p + eps) - large.jacobian(y, 0.4, p - eps)) / (2 * eps)
     assert np.sum(w * fd) == pytest.approx(out_p[0], rel=1e-7, abs=1e-7)
-    large_sizes = [path.stat().st_size for path in tmp_path.glob("pnode_*.py")
+    large_sizes = [path.stat().st_size for path in tmp_path.glob("pnode_*.o")
                    if path.name not in small_sizes and path.name not in taylor_modules]
-    # The field, its Jacobians and second derivatives: generated code grows with the non-zero derivatives (4d of
+    # The field, its Jacobians and second derivatives: compiled code grows with the non-zero derivatives (4d of
     # d² Jacobian entries, 5d of d³ second derivatives), not with their d² and d³ entries: 4× the states, well
-    # under 16× the source.
+    # under 16× the object code.
     assert len(large_sizes) == 2
     assert max(large_sizes) < 6 * max(small_sizes.values())
 
@@ -164,7 +164,7 @@ import json
 import pymc_pnode._codegen as codegen
 
 generated = []
-original = codegen.function_source
+original = codegen.function_ir
 
 
 def counting(fname, *args, **kwargs):
@@ -172,23 +172,20 @@ def counting(fname, *args, **kwargs):
     return original(fname, *args, **kwargs)
 
 
-codegen.function_source = counting
+codegen.function_ir = counting
 import pymc_pnode as pn
 from tests.conftest import lotka_volterra
 
 ode = pn.ODE(lotka_volterra, n_states=2, n_theta=4)
-rhs = ode.rhs.dispatcher
 # the Taylor-mode functions call the interpreter by its registered symbol, also when loaded from the cache
 import numpy as np
 taylor, vjp = ode.taylor_coefficients(3), ode.taylor_vjp(3)
-addresses = [taylor.address, vjp.address]  # their C callbacks, as the kernels take them
+addresses = [ode.rhs.address, taylor.address, vjp.address]  # their C functions, as the kernels take them
 coefficients, gy, gp = np.empty((4, 2)), np.empty(2), np.empty(4)
 taylor(np.array([1.3, 0.7]), 0.0, np.array([0.5, 1.1, 0.9, 0.4]), coefficients)
 vjp(np.array([1.3, 0.7]), 0.0, np.array([0.5, 1.1, 0.9, 0.4]), np.ones((4, 2)), gy, gp)
 print(json.dumps({
     "generated": generated,
-    "file": rhs.py_func.__code__.co_filename,
-    "numba_cache_hits": sum(rhs.stats.cache_hits.values()),
     "taylor_cache_hits": sum(taylor.dispatcher.stats.cache_hits.values()),
     "f": list(ode.f([1.3, 0.7], 0.0, [0.5, 1.1, 0.9, 0.4])),
     "taylor": [*coefficients.ravel(), *gy, *gp],
@@ -207,20 +204,17 @@ def _build_in_fresh_process(cache_dir):
 
 
 def test_generated_code_is_reused_from_disk(tmp_path):
-    # Two fresh interpreters share an empty code cache: the first generates and writes the module,
-    # the second must neither generate source nor rewrite the file, and must load numba's compiled
-    # code from disk (cache_hits) instead of compiling it again.
+    # Two fresh interpreters share an empty code cache: the first generates and compiles the field's module, the
+    # second must neither generate code nor rewrite the object file, and must load the Taylor-mode functions'
+    # compiled code from numba's cache (cache_hits) instead of compiling them again.
     first = _build_in_fresh_process(tmp_path)
-    assert first["generated"], "the first process must generate the module"
-    assert first["numba_cache_hits"] == 0
-    module = Path(first["file"])
-    assert module.parent == tmp_path and module.exists()
-    files = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("pnode_*.py")}
+    assert first["generated"] == ["rhs", "jac_y", "jac_p"]
+    files = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("pnode_*")}
+    assert len([name for name in files if name.endswith(".o")]) == 1
     second = _build_in_fresh_process(tmp_path)
     assert second["generated"] == []
-    assert second["file"] == first["file"]
-    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("pnode_*.py")} == files
-    assert second["numba_cache_hits"] > 0 and second["taylor_cache_hits"] > 0
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("pnode_*")} == files
+    assert second["taylor_cache_hits"] > 0
     assert second["f"] == first["f"]
     assert second["taylor"] == first["taylor"] and np.isfinite(first["taylor"]).all()
 
@@ -294,49 +288,3 @@ def test_threads_loading_one_generated_module_wait_for_its_execution(tmp_path, m
     for thread in threads:
         thread.join()
     assert errors == [] and results == [1, 1]
-
-
-def _generated_outputs(ode, y, p):
-    """Every generated function of ``ode`` at ``(y, 0.3, p)``: the field, its Jacobians, second derivatives (full,
-    contracted) and the Taylor coefficients with their Jacobians and vector–Jacobian product."""
-    d, k = ode.n_states, ode.n_theta
-    out = {"rhs": ode.f(y, 0.3, p), "jac_y": ode.jacobian(y, 0.3, p)}
-    calls = {"jac_p": (ode.jac_p, [(d, k)]), "hess_yy": (ode.hess_yy, [(d, d, d)]),
-             "hess_yp": (ode.hess_yp, [(d, d, k)]), "taylor": (ode.taylor_coefficients(4), [(5, d)]),
-             "taylor_jac": (ode.taylor_functions(4)[1], [(5, d, d), (5, d, k)])}
-    for name, (fn, shapes) in calls.items():
-        arrays = [np.empty(shape) for shape in shapes]
-        fn(y, 0.3, p, *arrays)
-        out.update({f"{name}{i}": a for i, a in enumerate(arrays)})
-    weights = np.arange(1.0, d * d + 1).reshape(d, d) / 7.0
-    contract = (np.empty(d), np.empty(k))
-    ode.hess_contract(y, 0.3, p, weights, *contract)
-    vjp = (np.empty(d), np.empty(k))
-    ode.taylor_vjp(4)(y, 0.3, p, np.arange(1.0, 5 * d + 1).reshape(5, d) / 3.0, *vjp)
-    out.update(contract_y=contract[0], contract_p=contract[1], vjp_y=vjp[0], vjp_p=vjp[1])
-    return out
-
-
-def test_long_generated_functions_split_into_parts_give_the_same_bits(tmp_path, monkeypatch):
-    """Generated bodies longer than ``PART_STATEMENTS`` compile as parts passing values through a scratch array
-    (numba's and LLVM's compile time grows faster than a straight-line function's length); the arithmetic is the
-    same, so every generated function returns the same bits as the unsplit one."""
-    from pymc_pnode import _codegen
-
-    def coupled(y, t, p):  # every state coupled, shared subexpressions, an input-only and a constant output
-        s = pt.sin(p[0] * y[0] + y[1] * y[2])
-        return [s * pt.exp(-y[2]) - p[1] * y[0], y[0] * s + pt.cos(t) * y[1] ** 3, p[1], y[0] * y[1] - s * s * p[0]]
-
-    y, p = np.array([0.3, -0.7, 0.4, 1.1]), np.array([1.3, 0.45])
-    monkeypatch.setenv("PYMC_PNODE_CACHE_DIR", str(tmp_path / "whole"))
-    whole = _generated_outputs(pn.ODE(coupled, n_states=4, n_theta=2), y, p)
-    monkeypatch.setenv("PYMC_PNODE_CACHE_DIR", str(tmp_path / "parts"))
-    monkeypatch.setattr(_codegen, "PART_STATEMENTS", 3)
-    monkeypatch.setattr(_codegen, "CODEGEN_VERSION", "parts-test")  # another cache key, another module
-    split = _generated_outputs(pn.ODE(coupled, n_states=4, n_theta=2), y, p)
-    sources = [path.read_text() for path in (tmp_path / "parts").glob("pnode_*.py")]
-    assert sum(source.count("_part") for source in sources) > 50  # every kind of function was split
-    assert not any("_part" in path.read_text() for path in (tmp_path / "whole").glob("pnode_*.py"))
-    assert whole.keys() == split.keys()
-    for name in whole:
-        assert np.array_equal(whole[name], split[name]), name

@@ -8,6 +8,7 @@ from scipy.integrate import solve_ivp
 from scipy.stats import norm
 
 import pymc_pnode as pn
+from pymc_pnode._callbacks import call
 from pymc_pnode.filtering.odefilter import Diffusion, run_block_filter, run_filter
 from pymc_pnode.filtering.stepping import Stepping
 from pymc_pnode.filtering.structure import initial_root
@@ -69,13 +70,13 @@ def test_structured_ek0_equals_dense_ek0(chain_ode, diffusion, step, structure):
 def _diagonal_of(jac_y, d):
     """The Jacobian with its off-diagonal entries zeroed, as a C callback like those the kernels take (keep the
     returned object alive while its ``address`` is in use)."""
-    full_jacobian, k = jac_y.dispatcher, jac_y.shapes[1][0]
+    full_jacobian, k = jac_y.address, jac_y.shapes[1][0]
     pointer = nb.types.CPointer(nb.float64)
 
     @nb.cfunc(nb.types.void(pointer, nb.float64, pointer, pointer))
     def diagonal_jacobian(y, t, p, out):
         full = np.empty((d, d))
-        full_jacobian(nb.carray(y, (d,)), t, nb.carray(p, (k,)), full)
+        call(full_jacobian, nb.carray(y, (d,)), t, nb.carray(p, (k,)), full)
         diagonal = nb.carray(out, (d, d))
         diagonal[:, :] = 0.0
         for i in range(d):

@@ -26,8 +26,11 @@ def _symbolic(ode, kind, order):
     """The generated functions of the symbolic Lie derivatives (the path fields without Taylor rules take)."""
     source = {"taylor": ode._taylor_source, "taylor_vjp": ode._taylor_vjp_source,
               "taylor_jac": ode._taylor_jac_source}[kind](order)
-    module = _codegen.load_module(_codegen.source_key(ode._key, f"symbolic-{kind}-{order}"), source)
-    return getattr(module, kind)
+    module = _codegen.load_native(_codegen.source_key(ode._key, f"symbolic-{kind}-{order}"), [source])
+    d, k = ode.n_states, ode.n_theta
+    shapes = {"taylor": [(order + 1, d)], "taylor_vjp": [(order + 1, d), (d,), (k,)],
+              "taylor_jac": [(order + 1, d, d), (order + 1, d, k)]}[kind]
+    return ode._compiled(module, kind, *shapes)
 
 
 @pytest.fixture(scope="module")
