@@ -3,7 +3,8 @@
 The package's kernels take an ODE's generated functions as integer addresses of C callbacks, called through
 an intrinsic (``pymc_pnode._callbacks``; ``docs/architecture.md``). Until 2026-11 the filters, the Runge–Kutta
 solvers and the direct method took them as numba first-class functions instead (a
-``WrapperAddressProtocol`` wrapper of each generated dispatcher, rebuilt here). This script measures the two
+``WrapperAddressProtocol`` wrapper of each generated numba dispatcher, rebuilt here with the field written as numba
+functions). This script measures the two
 costs that differ, on the Lotka–Volterra field (d = 2, 4 parameters):
 
 - **per call from Python**: a kernel that only reads one array, with three function arguments
@@ -60,6 +61,34 @@ def lotka_volterra(y, t, p):
     return [p[0] * y[0] - p[1] * y[0] * y[1], p[2] * y[0] * y[1] - p[3] * y[1]]
 
 
+# The field and its Jacobians as numba functions, as the package generated them until 2026-12 (its generated
+# functions are now native C functions, :mod:`pymc_pnode._codegen`): what a first-class function wraps.
+@nb.njit(SIG_VEC, error_model="numpy")
+def _numba_rhs(y, t, p, out):
+    out[0] = p[0] * y[0] - p[1] * y[0] * y[1]
+    out[1] = p[2] * y[0] * y[1] - p[3] * y[1]
+
+
+@nb.njit(SIG_MAT, error_model="numpy")
+def _numba_jac_y(y, t, p, out):
+    out[0, 0] = p[0] - p[1] * y[1]
+    out[0, 1] = -p[1] * y[0]
+    out[1, 0] = p[2] * y[1]
+    out[1, 1] = p[2] * y[0] - p[3]
+
+
+@nb.njit(SIG_MAT, error_model="numpy")
+def _numba_jac_p(y, t, p, out):
+    out[0, 0] = y[0]
+    out[0, 1] = -y[0] * y[1]
+    out[0, 2] = 0.0
+    out[0, 3] = 0.0
+    out[1, 0] = 0.0
+    out[1, 1] = 0.0
+    out[1, 2] = y[0] * y[1]
+    out[1, 3] = -y[1]
+
+
 @nb.njit((VEC_FN, MAT_FN, MAT_FN, nb.float64[::1]))
 def _read_functions(rhs, jac_y, jac_p, x):
     return x[0]
@@ -114,8 +143,8 @@ def main() -> None:
 
     ode = pn.ODE(lotka_volterra, n_states=2, n_theta=4)
     addresses = ode.field_addresses
-    functions = tuple(FirstClassFunction(f.dispatcher, sig)
-                      for f, sig in ((ode.rhs, SIG_VEC), (ode.jac_y, SIG_MAT), (ode.jac_p, SIG_MAT)))
+    functions = tuple(FirstClassFunction(f, sig)
+                      for f, sig in ((_numba_rhs, SIG_VEC), (_numba_jac_y, SIG_MAT), (_numba_jac_p, SIG_MAT)))
     x = np.ones(3)
     rows = []
     for label, kernel, fns in (("3 first-class functions", _read_functions, functions),

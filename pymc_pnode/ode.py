@@ -1,4 +1,4 @@
-"""The ODE definition: a user vector field written in PyTensor, compiled once to numba kernels."""
+"""The ODE definition: a user vector field written in PyTensor, compiled once to native functions."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ class ODE:
 
     The vector field is written once with PyTensor operations, with the signature of
     :class:`pymc.ode.DifferentialEquation`. On construction it is differentiated symbolically and
-    translated into straight-line numba functions: the vector field, its Jacobians with respect to
-    the state and the parameters, second derivatives (for exact gradients of EK1 filters) and
+    compiled to straight-line native functions (:mod:`pymc_pnode._codegen`): the vector field, its Jacobians with
+    respect to the state and the parameters, second derivatives (for exact gradients of EK1 filters) and
     Taylor coefficients of the solution (for exact initialisation; in Taylor mode from a tape of the
     field, see :mod:`pymc_pnode._taylor_mode`). Generated code is cached on disk (see
     ``PYMC_PNODE_CACHE_DIR``), so a second Python process pays almost nothing.
@@ -72,8 +72,8 @@ class ODE:
         ``rhs(y, t, p, out)`` writes :math:`f` into ``out`` (shape ``(d,)``);
         ``jac_y(y, t, p, out)`` writes :math:`\partial f_i/\partial y_j` (shape ``(d, d)``);
         ``jac_p(y, t, p, out)`` writes :math:`\partial f_i/\partial p_k` (shape ``(d, n_theta)``).
-        All arrays are C-contiguous float64. Callable from Python; numba code calls their ``dispatcher``, and
-        the package's kernels their C callbacks by ``address`` (:mod:`pymc_pnode._callbacks`).
+        All arrays are C-contiguous float64 of these shapes. Callable from Python; compiled code calls them by
+        ``address`` as C functions (:mod:`pymc_pnode._callbacks`).
 
     Raises
     ------

@@ -18,7 +18,7 @@ the integration tolerance (the error control covers the sensitivities too). The 
 backwards along the dense forward solution, giving :math:`\partial h/\partial y_0 = \mu(t_0)` and
 :math:`\partial h/\partial\theta = g(t_0)` for a terminal function :math:`h(y(t_1))`.
 
-The right-hand sides are small Python callables around the ODE's compiled numba functions (called
+The right-hand sides are small Python callables around the ODE's compiled functions (called
 directly: about a microsecond each); scipy's ``solve_ivp`` does the stepping.
 Implicit methods (``Radau``, ``BDF``, ``LSODA``) receive the exact Jacobian of the augmented system.
 Failures (poles, stiffness, non-finite values) are returned in the solution, never raised.
@@ -111,7 +111,7 @@ class ODESolution:
 
 
 class _AugmentedSystem:
-    """Python callables for ``solve_ivp`` around the ODE's numba functions (preallocated buffers)."""
+    """Python callables for ``solve_ivp`` around the ODE's compiled functions (preallocated buffers)."""
 
     def __init__(self, ode, theta: np.ndarray, wrt_y0: bool, wrt_theta: bool, max_nfev: int):
         self.ode = ode

@@ -94,7 +94,7 @@ class CovarianceTangentOp(_StructureOpBase):
 
 
 class _RecursionBase(Op):
-    """Shared set-up: the vector-field adapter is rebuilt lazily (numba functions do not pickle)."""
+    """Shared set-up: the vector-field adapter is rebuilt lazily (compiled functions do not pickle)."""
 
     __props__ = ("ode", "disc", "draw", "cmap")
 
