@@ -22,6 +22,12 @@ __all__ = ["ODE"]
 _ZERO = pt.constant(0.0, dtype="float64")
 
 
+# PyTensor records a stack trace for every variable it creates, for its error messages: 20 % of building a
+# 100-state field's derivatives (3.5 → 2.85 s, Lorenz-96), for graphs that are never compiled by PyTensor.
+def _without_traces():
+    return pytensor.config.change_flags(traceback__limit=0)
+
+
 def _gradient(expr: Variable, wrt: Sequence[Variable]) -> list[Variable]:
     """[d expr / d w for w in wrt] for 0-d variables (zero where ``expr`` does not depend on w).
 
@@ -107,7 +113,8 @@ class ODE:
         self._t = pt.scalar("t", dtype="float64")
         self._p = [pt.scalar(f"p{i}", dtype="float64") for i in range(self.n_theta)]
         self._inputs = [*self._y, self._t, *self._p]
-        self._f = _codegen.canonicalize(self._trace(func), self._inputs)
+        with _without_traces():
+            self._f = _codegen.canonicalize(self._trace(func), self._inputs)
         text = io.StringIO()
         debugprint(self._f, file=text, print_type=True)
         self._key = _codegen.source_key(text.getvalue(), str(self.n_states), str(self.n_theta))
@@ -198,7 +205,8 @@ class ODE:
         module = load(key)
         if module is None:
             try:
-                made = make()
+                with _without_traces():
+                    made = make()
             except _codegen.UnsupportedOperation as err:
                 raise ValueError(
                     f"func uses an operation that cannot be compiled to scalar native code: {err}. "
