@@ -33,8 +33,10 @@ from numba.experimental.function_type import _get_wrapper_address
 
 import pymc_pnode as pn
 from pymc_pnode._callbacks import FN, call
-from pymc_pnode._codegen import SIG_MAT, SIG_VEC
 
+# The numba signatures of a field f(y, t, p, out) and of its Jacobians (out a matrix).
+SIG_VEC = nbt.void(nbt.float64[::1], nbt.float64, nbt.float64[::1], nbt.float64[::1])
+SIG_MAT = nbt.void(nbt.float64[::1], nbt.float64, nbt.float64[::1], nbt.float64[:, ::1])
 VEC_FN, MAT_FN = nbt.FunctionType(SIG_VEC), nbt.FunctionType(SIG_MAT)
 
 

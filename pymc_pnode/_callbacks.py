@@ -2,14 +2,12 @@
 
 Every generated function of an :class:`~pymc_pnode.ODE` (the vector field, its Jacobians, second
 derivatives, Taylor coefficients) is a C function ``void(double* y, double t, double* p, double* a1, ...)``
-writing into its last arrays: compiled natively (:mod:`pymc_pnode._codegen`), or, for the Taylor-mode
-functions, a numba function wrapped once in a C-ABI ``cfunc``, generated into a small module cached on disk.
-Kernels do not receive them as numba first-class functions: numba unboxes such an argument on
-every call from Python through two Python look-ups, 2–3 µs per function and call, where an ``int64``
-costs nanoseconds (``benchmarks/function_passing.py``). Kernels take the C function's address as an
-``int64`` (:data:`FN` in their signatures) and call it with :func:`call`. One compiled kernel then
-serves every ODE, and inside it a call costs a little less than a first-class function call (2.9 against 3.8 ns
-for the Lotka–Volterra field in that benchmark).
+writing into its last arrays, compiled natively (:mod:`pymc_pnode._codegen`). Kernels do not receive them as
+numba first-class functions: numba unboxes such an argument on every call from Python through two Python
+look-ups, 2–3 µs per function and call, where an ``int64`` costs nanoseconds (``benchmarks/function_passing.py``).
+Kernels take the C function's address as an ``int64`` (:data:`FN` in their signatures) and call it with
+:func:`call`. One compiled kernel then serves every ODE, and inside it a call costs a little less than a
+first-class function call (2.9 against 3.8 ns for the Lotka–Volterra field in that benchmark).
 """
 
 from __future__ import annotations
@@ -22,16 +20,10 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 
-from pymc_pnode import _codegen
-from pymc_pnode._jit import COMPILE_LOCK
-
 __all__ = ["FN", "CompiledFunction", "call"]
 
 # The type of a generated function's address in kernel signatures.
 FN = nb.int64
-
-_VERSION = "1"
-
 
 @nb.extending.intrinsic
 def call(typingctx, address, y, t, *arrays):
@@ -58,78 +50,32 @@ def call(typingctx, address, y, t, *arrays):
     return sig, codegen
 
 
-_TEMPLATE = '''
-from numba import types as _t
-import {module} as _generated
-
-_P = _t.CPointer(_t.float64)
-
-
-@nb.cfunc(_t.void(_P, _t.float64, {pointers}), cache=True, error_model="numpy")
-def callback(y, t, {names}):
-    _generated.{function}(nb.carray(y, {y_shape}), t, {carrays})
-'''
-
-
 class CompiledFunction:
     """A generated function of an ODE: a C function ``void(double* y, double t, double* p, double* a1, ...)`` that
     kernels call by :attr:`address`, and Python as ``f(y, t, p, *arrays)``.
 
     Parameters
     ----------
+    module : pymc_pnode._codegen.NativeModule
+        The compiled module that holds it (kept alive with this object).
+    name : str
+        Its name in ``module``.
     shapes : sequence of tuple of int
         The shapes of ``y``, ``p`` and every further array argument, in order: the C function sees raw
         pointers and needs them to index.
-    native : tuple of (NativeModule, str), optional
-        A function compiled natively (:func:`pymc_pnode._codegen.load_native`): its module and name.
-    dispatcher : numba dispatcher, optional
-        A numba function ``f(y, t, p, *arrays)`` (C-contiguous float64 arrays; the Taylor-mode functions), wrapped
-        in a C callback on the first use of :attr:`address`.
     """
 
-    def __init__(self, shapes: Sequence[tuple[int, ...]], *, native=None, dispatcher=None):
-        if (native is None) == (dispatcher is None):
-            raise TypeError("give either native or dispatcher")
+    def __init__(self, module, name: str, shapes: Sequence[tuple[int, ...]]):
+        self.module = module
+        self.name = name
         self.shapes = tuple(tuple(int(n) for n in shape) for shape in shapes)
-        self.dispatcher = dispatcher
-        self.name = native[1] if native is not None else dispatcher.py_func.__name__
-        self._native = native
-        self._wrapper = None
-        self._c_function = None
-
-    @property
-    def address(self) -> int:
-        """The address of the C function (for a numba function, its wrapper: generated and compiled on first use,
-        cached on disk; kept alive with this object)."""
-        if self._native is not None:
-            module, name = self._native
-            return module.address(name)
-        if self._wrapper is None:
-            with COMPILE_LOCK:
-                if self._wrapper is None:
-                    self._wrapper = self._load_wrapper()
-        return self._wrapper.callback.address
-
-    def _load_wrapper(self):
-        module = self.dispatcher.py_func.__module__
-        function = self.dispatcher.py_func.__name__
-        y_shape, *array_shapes = self.shapes
-        names = [f"a{i}" for i in range(len(array_shapes))]
-        source = _TEMPLATE.format(
-            module=module, function=function, y_shape=y_shape,
-            pointers=", ".join(["_P"] * len(names)), names=", ".join(names),
-            carrays=", ".join(f"nb.carray({name}, {shape})" for name, shape in zip(names, array_shapes)))
-        key = _codegen.source_key("callback", _VERSION, module, function, repr(self.shapes))
-        return _codegen.load_module(key, source)
+        self.address = module.address(name)
+        prototype = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_double, *[ctypes.c_void_p] * (len(shapes) - 1))
+        self._c_function = prototype(self.address)
 
     def __call__(self, y, t, p, *arrays):
-        if self.dispatcher is not None:
-            return self.dispatcher(y, t, p, *arrays)
         if len(arrays) != len(self.shapes) - 2:
             raise TypeError(f"{self.name} takes y, t, p and {len(self.shapes) - 2} arrays, got {len(arrays)}")
-        if self._c_function is None:
-            prototype = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_double, *[ctypes.c_void_p] * (len(arrays) + 1))
-            self._c_function = prototype(self.address)
         pointers = [_pointer(a, shape, self.name, i) for i, (a, shape) in enumerate(zip((y, p, *arrays), self.shapes))]
         self._c_function(pointers[0], float(t), *pointers[1:])
 

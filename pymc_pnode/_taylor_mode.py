@@ -29,12 +29,10 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 from llvmlite import binding as llvm
-from llvmlite import ir
-from numba.core import cgutils
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.fg import FunctionGraph
 
-from pymc_pnode._codegen import UnsupportedOperation
+from pymc_pnode._codegen import UnsupportedOperation, literal
 from pymc_pnode._jit import COMPILE_LOCK, JIT
 
 # Generated modules call this module's interpreter by symbol names that carry this file's hash, and their cache
@@ -535,7 +533,7 @@ def coefficients_jacobian(tape, y, t, p, out_y, out_p):
 # Each new ODE used to compile the interpreter into its own generated module (with its tape as constants) and
 # again into each C callback of it: ≈ 3 s per new vector field. The interpreter is instead compiled once per
 # machine into C functions that take the tape as two flat arrays (:func:`pack`) and are registered with LLVM
-# under fixed symbol names; a generated module only calls them (:func:`_call_symbol`).
+# under fixed symbol names; a generated function only calls them (:func:`function_ir`).
 _HEADER = 7  # n_ops, n_const, n_rows, d, n_theta, n_jac_y, n_jac_p
 
 
@@ -610,8 +608,8 @@ def _symbol(name: str) -> str:
 
 def register_interpreter(name: str) -> None:
     """Make the C interpreter of the generated function ``name`` (a key of :data:`_INTERPRETERS`) callable by
-    generated modules: compiled, or loaded from numba's cache, at its first registration in a process. Every
-    generated module calls it before its own function (an unresolved symbol would abort the process)."""
+    generated functions: compiled, or loaded from numba's cache, at its first registration in a process. An ODE
+    registers it before it links a function of :func:`function_ir` (an unresolved symbol would abort the process)."""
     if name not in _registered:
         with COMPILE_LOCK:
             if name not in _registered:
@@ -621,69 +619,33 @@ def register_interpreter(name: str) -> None:
                 _registered[name] = compiled
 
 
-@nb.extending.intrinsic
-def _call_symbol(typingctx, symbol, *args):
-    """Call the C function registered as the literal string ``symbol`` with ``args``: arrays (C-contiguous, passed
-    as pointers to their first element), floats (as double) and integers (as int64)."""
-    if not isinstance(symbol, nb.types.StringLiteral):
-        return None
-    for arg in args:
-        if isinstance(arg, nb.types.Array):
-            if arg.layout != "C" or arg.dtype not in (nb.float64, nb.int64):
-                return None
-        elif not isinstance(arg, (nb.types.Float, nb.types.Integer)):
-            return None
-    sig = nb.types.void(symbol, nb.types.StarArgTuple.from_types(args))
-
-    def codegen(context, builder, signature, call_args):
-        _, packed = call_args
-        values, types_ = [], []
-        for i, ty in enumerate(args):
-            value = builder.extract_value(packed, i)
-            if isinstance(ty, nb.types.Array):
-                data = context.make_array(ty)(context, builder, value).data
-                types_.append(data.type)
-                values.append(data)
-            else:
-                target = nb.float64 if isinstance(ty, nb.types.Float) else nb.int64
-                types_.append(context.get_value_type(target))
-                values.append(context.cast(builder, value, ty, target))
-        fnty = ir.FunctionType(ir.VoidType(), types_)
-        fn = cgutils.get_or_insert_function(builder.module, fnty, symbol.literal_value)
-        builder.call(fn, values)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-# The generated functions: their signatures (:mod:`pymc_pnode._codegen`) and how they call the interpreter
-# (the interpreter's order from the output's first dimension).
-_GENERATED = {
-    "taylor": ("SIG_MAT", "y, t, p, out", "out.shape[0] - 1"),
-    "taylor_vjp": ("SIG_CONTRACT", "y, t, p, weights, out_y, out_p", "weights.shape[0] - 1"),
-    "taylor_jac": ("SIG_TEN2", "y, t, p, out_y, out_p", "out_y.shape[0] - 1"),
-}
-
-
-def module_source(name: str, tape: Tape, n_theta: int) -> str:
-    """Source of the generated function ``name`` of one vector field (``taylor``, ``taylor_vjp`` or ``taylor_jac``,
-    with the signatures of :class:`pymc_pnode.ode.ODE`'s; any order) for its ``tape`` (with the Jacobians' entries
-    for the last two): a call of the C interpreter, which the module registers when it is imported (also where
-    numba loads the function from its cache, or a process unpickles it)."""
-    signature, args, order = _GENERATED[name]
+def function_ir(name: str, tape: Tape, n_theta: int, order: int) -> str:
+    """LLVM IR of the generated function ``name`` of one vector field (``taylor``, ``taylor_vjp`` or ``taylor_jac``,
+    with the C signatures of :class:`pymc_pnode.ode.ODE`'s) for one ``order``: a call of the C interpreter with
+    its ``tape`` (with the Jacobians' entries for the last two) as constant arrays. Register the interpreter
+    (:func:`register_interpreter`) before the compiled function is linked: an unresolved symbol would abort the
+    process."""
     ints, floats = pack(tape, n_theta)
+    n_arrays = _ARRAYS[name]
+    arrays = [f"a{i}" for i in range(n_arrays)]
+    int_values = ", ".join(f"i64 {int(v)}" for v in ints)
+    float_values = "[" + ", ".join(f"double {literal(v)}" for v in floats) + "]" if floats.size else "zeroinitializer"
+    params = ", ".join(["ptr %y", "double %t", "ptr %p", *[f"ptr %{a}" for a in arrays]])
+    call = ", ".join(["ptr @tape.ints", "ptr @tape.floats", "ptr %y", "double %t", "ptr %p",
+                      *[f"ptr %{a}" for a in arrays], f"i64 {order}"])
+    declared = ", ".join(["ptr", "ptr", "ptr", "double", "ptr", *["ptr"] * n_arrays, "i64"])
     return "\n".join([
-        "import numpy as np",
-        "from pymc_pnode import _taylor_mode",
-        "",
-        f"_taylor_mode.register_interpreter({name!r})  # before numba compiles or loads the function below",
-        f"_INTS = np.array({ints.tolist()!r}, dtype=np.int64)",
-        # the floats by their bit patterns: exact, and valid source for inf and nan too
-        f"_FLOATS = np.array({floats.view(np.int64).tolist()!r}, dtype=np.int64).view(np.float64)",
-        "",
-        "",
-        f"@nb.njit({signature}, cache=True, error_model='numpy')",
-        f"def {name}({args}):",
-        f"    _taylor_mode._call_symbol({_symbol(name)!r}, _INTS, _FLOATS, {args}, {order})",
+        f"@tape.ints = private unnamed_addr constant [{ints.size} x i64] [{int_values}], align 8",
+        f"@tape.floats = private unnamed_addr constant [{floats.size} x double] {float_values}, align 8",
+        f"declare void @{_symbol(name)}({declared})",
+        f"define void @{name}({params}) nounwind {{",
+        "entry:",
+        f"  call void @{_symbol(name)}({call})",
+        "  ret void",
+        "}",
         "",
     ])
+
+
+# The array arguments after ``p`` of each generated function: the outputs, after the weights for the VJP.
+_ARRAYS = {"taylor": 1, "taylor_vjp": 3, "taylor_jac": 2}

@@ -41,7 +41,7 @@ def every_rule_ode():
 @pytest.mark.parametrize("order", [0, 1, 3])
 def test_taylor_mode_equals_the_symbolic_lie_derivatives(every_rule_ode, order, rng):
     ode = every_rule_ode
-    assert ode._taylor_mode_module() is not None
+    assert ode._taylor_tape("taylor") is not None
     y, t, p = np.array([0.4, 0.9, 0.6]), 0.3, np.array([1.3, 0.7])
     out, ref = np.empty((order + 1, 3)), np.empty((order + 1, 3))
     ode.taylor_coefficients(order)(y, t, p, out)
@@ -100,10 +100,11 @@ def test_high_order_derivatives_of_the_coefficients_match_central_differences(rn
 
 def test_a_field_without_taylor_rules_uses_the_symbolic_coefficients():
     ode = pn.ODE(lambda y, t, p: [pt.arctan2(y[0], p[0])], n_states=1, n_theta=1)
-    assert ode._taylor_mode_module() is None
+    assert ode._taylor_tape("taylor") is None
     y0, scale = 0.8, 1.5
     out = np.empty((3, 1))
     ode.taylor_coefficients(2)(np.array([y0]), 0.0, np.array([scale]), out)
+    assert ode._taylor_mode == {"taylor": False}
     slope = np.arctan2(y0, scale)
     assert np.allclose(out[:, 0], [y0, slope, scale / (y0**2 + scale**2) * slope], rtol=1e-13)
 
