@@ -56,8 +56,7 @@ y, p = np.linspace(-1.0, 1.0, d), np.full(k, 0.3)
 out, w, gy, gp = np.empty((4, d)), np.ones((4, d)), np.empty(d), np.empty(k)
 jy, jp = np.empty((4, d, d)), np.empty((4, d, k))
 per_call = []
-for f, args in [(taylor.dispatcher, (y, 0.1, p, out)), (vjp.dispatcher, (y, 0.1, p, w, gy, gp)),
-                (jac.dispatcher, (y, 0.1, p, jy, jp))]:
+for f, args in [(taylor, (y, 0.1, p, out)), (vjp, (y, 0.1, p, w, gy, gp)), (jac, (y, 0.1, p, jy, jp))]:
     f(*args)
     per_call.append(float(np.median(timeit.repeat(lambda: f(*args), number=200, repeat=15))) / 200 * 1e6)
 print(json.dumps(dict(ode=t1 - t0, taylor=t2 - t1, jac=t3 - t2, per_call=per_call,
