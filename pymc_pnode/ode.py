@@ -22,8 +22,8 @@ __all__ = ["ODE"]
 _ZERO = pt.constant(0.0, dtype="float64")
 
 
-# PyTensor records a stack trace for every variable it creates, for its error messages: 20 % of building a
-# 100-state field's derivatives (3.5 → 2.85 s, Lorenz-96), for graphs that are never compiled by PyTensor.
+# PyTensor records a stack trace for every variable it creates, for its error messages: a fifth of the time of
+# building a large field's derivatives, for graphs that PyTensor never compiles.
 def _without_traces():
     return pytensor.config.change_flags(traceback__limit=0)
 
