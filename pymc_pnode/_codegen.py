@@ -31,7 +31,7 @@ from pytensor.graph.rewriting.utils import rewrite_graph
 
 from pymc_pnode._jit import COMPILE_LOCK
 
-CODEGEN_VERSION = "6"
+CODEGEN_VERSION = "7"
 
 class UnsupportedOperation(TypeError):
     """Raised when a graph holds an operation that has no scalar translation."""
@@ -50,10 +50,10 @@ _CALL_UNARY = {
     "Sqrt": "llvm.sqrt.f64", "Floor": "llvm.floor.f64", "Ceil": "llvm.ceil.f64", "Abs": "llvm.fabs.f64",
     "Sigmoid": "pn.sigmoid", "Softplus": "pn.softplus", "Sign": "pn.sign", "Log1mexp": "pn.log1mexp",
 }
-# Binary ones; maximum and minimum propagate NaN, as NumPy's (and PyTensor's) do.
-_CALL_BINARY = {"Maximum": "llvm.maximum.f64", "ScalarMaximum": "llvm.maximum.f64",
-                "Minimum": "llvm.minimum.f64", "ScalarMinimum": "llvm.minimum.f64",
-                "ArcTan2": "atan2", "Pow": "pow", "Mod": "pn.mod"}
+# Binary ones; maximum and minimum (helpers: NaN propagates, as in NumPy and PyTensor; LLVM's llvm.maximum has no
+# x86 lowering in older LLVM versions).
+_CALL_BINARY = {"Maximum": "pn.maximum", "ScalarMaximum": "pn.maximum", "Minimum": "pn.minimum",
+                "ScalarMinimum": "pn.minimum", "ArcTan2": "atan2", "Pow": "pow", "Mod": "pn.mod"}
 LIBM_FUNCTIONS = sorted({name for name in [*_CALL_UNARY.values(), *_CALL_BINARY.values()]
                          if "." not in name})
 
@@ -111,6 +111,22 @@ b:
   ret double %r2
 }
 
+define internal double @pn.maximum(double %a, double %b) alwaysinline {
+  %greater = fcmp ogt double %a, %b
+  %m = select i1 %greater, double %a, double %b
+  %nan = fcmp uno double %a, %a
+  %r = select i1 %nan, double %a, double %m
+  ret double %r
+}
+
+define internal double @pn.minimum(double %a, double %b) alwaysinline {
+  %less = fcmp olt double %a, %b
+  %m = select i1 %less, double %a, double %b
+  %nan = fcmp uno double %a, %a
+  %r = select i1 %nan, double %a, double %m
+  ret double %r
+}
+
 define internal double @pn.mod(double %a, double %b) alwaysinline {
   %r = frem double %a, %b
   %nonzero = fcmp une double %r, 0.0
@@ -131,7 +147,7 @@ _DECLARATIONS = "\n".join(
                                                     "acosh", "atanh", "erf", "erfc", "tgamma", "lgamma")]
     + [f"declare double @{name}(double, double)" for name in ("atan2", "pow")]
     + [f"declare double @llvm.{name}.f64(double)" for name in ("sqrt", "floor", "ceil", "fabs")]
-    + [f"declare double @llvm.{name}.f64(double, double)" for name in ("maximum", "minimum", "copysign")]
+    + ["declare double @llvm.copysign.f64(double, double)"]
     + ["declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"]
 )
 
@@ -212,7 +228,7 @@ class _Emitter:
         if name == "Switch":
             return self.instruction(f"select i1 {self.truth(args[0])}, double {args[1]}, double {args[2]}")
         if name == "Clip":
-            return self.call("llvm.minimum.f64", self.call("llvm.maximum.f64", args[0], args[1]), args[2])
+            return self.call("pn.minimum", self.call("pn.maximum", args[0], args[1]), args[2])
         if name == "IntDiv":
             return self.call("llvm.floor.f64", self.instruction(f"fdiv double {args[0]}, {args[1]}"))
         if name in ("AND", "OR"):
