@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import hashlib
 import math
 import os
@@ -111,22 +112,6 @@ b:
   ret double %r2
 }
 
-define internal double @pn.maximum(double %a, double %b) alwaysinline {
-  %greater = fcmp ogt double %a, %b
-  %m = select i1 %greater, double %a, double %b
-  %nan = fcmp uno double %a, %a
-  %r = select i1 %nan, double %a, double %m
-  ret double %r
-}
-
-define internal double @pn.minimum(double %a, double %b) alwaysinline {
-  %less = fcmp olt double %a, %b
-  %m = select i1 %less, double %a, double %b
-  %nan = fcmp uno double %a, %a
-  %r = select i1 %nan, double %a, double %m
-  ret double %r
-}
-
 define internal double @pn.mod(double %a, double %b) alwaysinline {
   %r = frem double %a, %b
   %nonzero = fcmp une double %r, 0.0
@@ -140,15 +125,21 @@ define internal double @pn.mod(double %a, double %b) alwaysinline {
   %out = select i1 %shift, double %shifted, double %kept
   ret double %out
 }
-"""
+""" + "".join(f"""
+define internal double @pn.{name}(double %a, double %b) alwaysinline {{
+  %kept = fcmp {keeps_a} double %a, %b
+  %m = select i1 %kept, double %a, double %b
+  %nan = fcmp uno double %a, %a
+  %r = select i1 %nan, double %a, double %m
+  ret double %r
+}}
+""" for name, keeps_a in (("maximum", "ogt"), ("minimum", "olt")))  # NaN in either argument propagates
+# Every function the tables call: libm's and LLVM's by their arity, and the intrinsics the helpers and stores use.
 _DECLARATIONS = "\n".join(
-    [f"declare double @{name}(double)" for name in ("exp", "expm1", "log", "log1p", "log2", "log10", "sin", "cos",
-                                                    "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
-                                                    "acosh", "atanh", "erf", "erfc", "tgamma", "lgamma")]
-    + [f"declare double @{name}(double, double)" for name in ("atan2", "pow")]
-    + [f"declare double @llvm.{name}.f64(double)" for name in ("sqrt", "floor", "ceil", "fabs")]
-    + ["declare double @llvm.copysign.f64(double, double)"]
-    + ["declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"]
+    [f"declare double @{name}(double)" for name in sorted(set(_CALL_UNARY.values())) if not name.startswith("pn.")]
+    + [f"declare double @{name}(double, double)" for name in sorted(set(_CALL_BINARY.values()))
+       if not name.startswith("pn.")]
+    + ["declare double @llvm.copysign.f64(double, double)", "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"]
 )
 
 
@@ -364,28 +355,26 @@ def module_ir(functions: Sequence[str]) -> str:
 # ---------------------------------------------------------------------------------------------- native modules
 # The machine code of a module is specific to this CPU and LLVM: both are part of its cache file's name.
 _native_modules: dict[str, "NativeModule"] = {}
-_machine: list = []  # [(cache-key suffix, function making a target machine)], set on first use
 
 
+@functools.cache
 def _host():
     """``(suffix, make_target_machine)`` of this host, with LLVM's native target and libm's functions registered
     (once per process: the object files call libm by symbol name)."""
-    if not _machine:
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        libm = ctypes.CDLL(ctypes.util.find_library("m") or None)
-        for name in LIBM_FUNCTIONS:
-            llvm.add_symbol(name, ctypes.cast(getattr(libm, name), ctypes.c_void_p).value)
-        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-        target = llvm.Target.from_default_triple()
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or None)
+    for name in LIBM_FUNCTIONS:
+        llvm.add_symbol(name, ctypes.cast(getattr(libm, name), ctypes.c_void_p).value)
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    target = llvm.Target.from_default_triple()
 
-        def make_target_machine():
-            return target.create_target_machine(cpu=cpu, features=features, opt=2, codemodel="jitdefault",
-                                                jit=True)
+    def make_target_machine():
+        return target.create_target_machine(cpu=cpu, features=features, opt=2, codemodel="jitdefault",
+                                            jit=True)
 
-        suffix = source_key(llvm.get_process_triple(), cpu, features, repr(llvm.llvm_version_info))[:12]
-        _machine.append((suffix, make_target_machine))
-    return _machine[0]
+    suffix = source_key(llvm.get_process_triple(), cpu, features, repr(llvm.llvm_version_info))[:12]
+    return suffix, make_target_machine
 
 
 class NativeModule:

@@ -626,7 +626,7 @@ def function_ir(name: str, tape: Tape, n_theta: int, order: int) -> str:
     (:func:`register_interpreter`) before the compiled function is linked: an unresolved symbol would abort the
     process."""
     ints, floats = pack(tape, n_theta)
-    n_arrays = _ARRAYS[name]
+    n_arrays = len(_INTERPRETERS[name][1].args) - 6  # (ints, floats, y, t, p, the arrays, order)
     arrays = [f"a{i}" for i in range(n_arrays)]
     int_values = ", ".join(f"i64 {int(v)}" for v in ints)
     float_values = "[" + ", ".join(f"double {literal(v)}" for v in floats) + "]" if floats.size else "zeroinitializer"
@@ -645,7 +645,3 @@ def function_ir(name: str, tape: Tape, n_theta: int, order: int) -> str:
         "}",
         "",
     ])
-
-
-# The array arguments after ``p`` of each generated function: the outputs, after the weights for the VJP.
-_ARRAYS = {"taylor": 1, "taylor_vjp": 3, "taylor_jac": 2}
