@@ -329,7 +329,13 @@ def function_ir(
         flat.extend(outs)
     inputs = [*y, t, *p, *extra]
     emitter = _Emitter(names)
-    refs = emitter.graph(inputs, simplify(flat, inputs)) if flat else []
+    # Constant outputs (most entries of a sparse Jacobian) go straight to literals: rewriting and ordering a graph of
+    # d² outputs costs far more than its few hundred non-constant ones.
+    varying = [i for i, v in enumerate(flat) if not isinstance(v, Constant)]
+    refs = [literal(v.data) if isinstance(v, Constant) else None for v in flat]
+    if varying:
+        for i, ref in zip(varying, emitter.graph(inputs, simplify([flat[i] for i in varying], inputs))):
+            refs[i] = ref
     store = []
     for arg, (start, stop) in spans.items():
         values = refs[start:stop]

@@ -20,9 +20,10 @@ from pathlib import Path
 from numba.core import caching
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
-# Subpackages and modules with no numba code, whose edits cannot change a kernel: they do not invalidate the cache
-# (an edit of the study runner or the demo would otherwise cost minutes of recompiling every kernel).
-_WITHOUT_KERNELS = ("studies", "demo.py")
+# Subpackages and modules with no numba code (and no constants that kernels read), whose edits cannot change a
+# kernel: they do not invalidate the cache (an edit of the study runner, the demo or the generated-code builder
+# would otherwise cost minutes of recompiling every kernel).
+_WITHOUT_KERNELS = ("studies", "demo.py", "ode.py", "_codegen.py")
 
 
 def _package_stamp() -> tuple[float, int]:

@@ -126,6 +126,7 @@ class ODE:
         self._hess_rows = None
         self._contract = None
         self._first_derivatives: tuple[list[list[Variable]], list[list[Variable]]] | None = None
+        self._canonical_first_derivatives: tuple[list[list[Variable]], list[list[Variable]]] | None = None
         self._taylor_mode: dict[str, bool] = {}  # name → whether the field has its Taylor-mode function
         base = self._native("base", self._base_functions)
         d, k = self.n_states, self.n_theta
@@ -232,6 +233,19 @@ class ODE:
             self._first_derivatives = ([row[:d] for row in grads], [row[d:] for row in grads])
         return self._first_derivatives
 
+    def _canonical_jacobians(self) -> tuple[list[list[Variable]], list[list[Variable]]]:
+        """:meth:`_jacobian_graphs` with the entries that are not constants (most are zeros) canonicalised, built
+        once: the Taylor tape and the Hessian contraction start from them (a rewrite of ``d²`` entries each
+        otherwise)."""
+        if self._canonical_first_derivatives is None:
+            jac_y, jac_p = self._jacobian_graphs()
+            rows = [list(row) for row in [*jac_y, *jac_p]]
+            where = [(i, j) for i, row in enumerate(rows) for j, g in enumerate(row) if not isinstance(g, Constant)]
+            for (i, j), g in zip(where, _codegen.canonicalize([rows[i][j] for i, j in where], self._inputs)):
+                rows[i][j] = g
+            self._canonical_first_derivatives = (rows[:self.n_states], rows[self.n_states:])
+        return self._canonical_first_derivatives
+
     def _base_functions(self) -> list[str]:
         d, k = self.n_states, self.n_theta
         jac_y, jac_p = self._jacobian_graphs()
@@ -246,13 +260,7 @@ class ODE:
         the field has an operation without a Taylor rule (the symbolic Lie derivatives serve it then)."""
         jac_y = jac_p = None
         if name != "taylor":  # the derivatives of the coefficients need the Jacobians' jets
-            jac_y, jac_p = self._jacobian_graphs()
-            rows = [list(row) for row in [*jac_y, *jac_p]]
-            # Simplify the entries that are not constants (most are zeros), as the generated Jacobians are.
-            where = [(i, j) for i, row in enumerate(rows) for j, g in enumerate(row) if not isinstance(g, Constant)]
-            for (i, j), g in zip(where, _codegen.canonicalize([rows[i][j] for i, j in where], self._inputs)):
-                rows[i][j] = g
-            jac_y, jac_p = rows[:self.n_states], rows[self.n_states:]
+            jac_y, jac_p = self._canonical_jacobians()
         try:
             return _taylor_mode.build_tape(self._y, self._t, self._p, self._f, jac_y, jac_p)
         except _codegen.UnsupportedOperation:
@@ -280,7 +288,7 @@ class ODE:
 
     def _hess_functions(self) -> list[str]:
         d, k = self.n_states, self.n_theta
-        jy = [_gradient(fi, self._y) for fi in self._f]
+        jy, _ = self._jacobian_graphs()
         second = [_gradient(jy[i][j], [*self._y, *self._p]) for i in range(d) for j in range(d)]
         hyy = [g for row in second for g in row[:d]]
         hyp = [g for row in second for g in row[d:]]
@@ -296,13 +304,13 @@ class ODE:
 
     def _vjp_source(self, fname: str, exprs: Sequence[Variable], shape: tuple[int, ...]) -> str:
         """Source of ``fname(y, t, p, weights, out_y, out_p)``: the gradient of ``Σ weights[i] exprs[i]`` (``exprs``
-        flattened from ``shape``, the shape of ``weights``) with respect to ``y`` and ``p``.
+        flattened from ``shape``, the shape of ``weights``, and canonicalised: constant entries have no derivatives)
+        with respect to ``y`` and ``p``.
 
         One reverse pass through the weighted sum, where a Jacobian has ``len(exprs) × (d + n_theta)`` entries:
         code and cost grow with the expressions, not with the number of outputs times inputs.
         """
         d = self.n_states
-        exprs = _codegen.canonicalize(list(exprs), self._inputs)
         weights, terms = {}, []
         for flat, expr in enumerate(exprs):
             if isinstance(expr, Constant):  # no derivatives
@@ -320,8 +328,8 @@ class ODE:
         )
 
     def _hess_contract_source(self) -> str:
-        jy = [g for fi in self._f for g in _gradient(fi, self._y)]
-        return self._vjp_source("hess_contract", jy, (self.n_states, self.n_states))
+        jac_y, _ = self._canonical_jacobians()
+        return self._vjp_source("hess_contract", [g for row in jac_y for g in row], (self.n_states, self.n_states))
 
     def _taylor_vjp_source(self, order: int) -> str:
         flat = [gi for level in self._lie_derivatives(order) for gi in level]
