@@ -20,7 +20,7 @@ import hashlib
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -399,9 +399,12 @@ class NativeModule:
         return address
 
 
-def load_native(key: str, functions: Sequence[str] | None = None) -> NativeModule | None:
+def load_native(key: str, functions: Sequence[str] | None = None,
+                before_link: Callable[[], None] | None = None) -> NativeModule | None:
     """The native module ``key``: linked from its cached object file, or first compiled from ``functions`` (the IR
-    of :func:`function_ir`'s) and cached. None when it is not cached and no functions were given."""
+    of :func:`function_ir`'s) and cached. None when it is not cached and no functions were given. ``before_link``
+    runs first when a module is linked in this process (registering the symbols it calls: an unresolved symbol
+    aborts the process)."""
     with COMPILE_LOCK:
         if key in _native_modules:
             return _native_modules[key]
@@ -421,6 +424,8 @@ def load_native(key: str, functions: Sequence[str] | None = None) -> NativeModul
             with os.fdopen(fd, "wb") as fh:
                 fh.write(object_code)
             os.replace(tmp, path)
+        if before_link is not None:
+            before_link()
         _native_modules[key] = NativeModule(object_code, make_target_machine)
         return _native_modules[key]
 

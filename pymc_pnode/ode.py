@@ -193,11 +193,13 @@ class ODE:
                 raise ValueError(f"func output {i} is not a scalar (ndim={o.ndim})")
         return [pt.cast(o, "float64") if o.dtype != "float64" else o for o in outs]
 
-    def _native(self, kind: str, make_functions: Callable[[], list[str] | None]):
+    def _native(self, kind: str, make_functions: Callable[[], list[str] | None],
+                before_link: Callable[[], None] | None = None):
         """The native module ``kind`` of the IR functions that ``make_functions`` returns, compiled unless cached
-        (None if it is not cached and ``make_functions`` returns None)."""
+        (None if it is not cached and ``make_functions`` returns None); ``before_link`` runs just before it is
+        linked (:func:`~pymc_pnode._codegen.load_native`)."""
         key = _codegen.source_key(self._key, kind)
-        module = _codegen.load_native(key)
+        module = _codegen.load_native(key, before_link=before_link)
         if module is None:
             try:
                 with _without_traces():
@@ -208,7 +210,7 @@ class ODE:
                     "Write the vector field with scalar PyTensor operations (indexing, +, *, "
                     "exp, sin, ...)."
                 ) from err
-            module = _codegen.load_native(key, functions)
+            module = _codegen.load_native(key, functions, before_link)
         return module
 
     @property
@@ -273,13 +275,15 @@ class ODE:
         if order not in cache:
             module = None
             if self._taylor_mode.get(name, True):
-                _taylor_mode.register_interpreter(name)  # before a function calling it is linked
 
                 def make_functions():
                     tape = self._taylor_tape(name)
                     return None if tape is None else [_taylor_mode.function_ir(name, tape, self.n_theta, order)]
 
-                module = self._native(f"{name.replace('_', '')}mode-{_taylor_mode.VERSION}-{order}", make_functions)
+                # The interpreter is registered only for a module that calls it (a cached one, or a field with a
+                # tape), just before linking it: a field without Taylor rules does not compile it.
+                module = self._native(f"{name.replace('_', '')}mode-{_taylor_mode.VERSION}-{order}", make_functions,
+                                      before_link=lambda: _taylor_mode.register_interpreter(name))
                 self._taylor_mode[name] = module is not None
             if module is None:
                 module = self._native(f"{name.replace('_', '')}{order}", lambda: [make_source()])

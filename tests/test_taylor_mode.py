@@ -123,3 +123,23 @@ def test_the_tape_grows_with_the_fields_operations_not_with_d_squared():
         sizes[d] = tape.ops.shape[0]
         assert tape.jac_y.shape[0] == 4 * d  # the non-zero Jacobian entries, not d²
     assert sizes[40] <= 2.1 * sizes[20]
+
+
+def test_a_field_without_taylor_rules_leaves_the_interpreter_alone(monkeypatch):
+    """``pt.mod`` has no Taylor rule: the field's coefficients come from its symbolic Lie derivatives, and the
+    Taylor-mode interpreter (≈ 6 s to compile on a cold machine) is not registered for it; a field with rules
+    registers it before its function is linked."""
+    calls = []
+    register = _taylor_mode.register_interpreter
+    monkeypatch.setattr(_taylor_mode, "register_interpreter", lambda name: (calls.append(name), register(name)))
+    ode = pn.ODE(lambda y, t, p: [pt.mod(y[0], 2.0) * p[0] - y[1], y[0]], n_states=2, n_theta=1)
+    y, p, out = np.array([2.5, 0.3]), np.array([1.5]), np.empty((3, 2))
+    ode.taylor_coefficients(2)(y, 0.0, p, out)
+    f = np.array([0.5 * 1.5 - 0.3, 2.5])
+    assert np.allclose(out[:2], [y, f], rtol=1e-14)
+    assert np.allclose(out[2], [1.5 * f[0] - f[1], f[0]], rtol=1e-14)  # d mod(y0, 2)/dy0 = 1 here
+    ode.taylor_vjp(2)
+    assert calls == [] and ode._taylor_mode == {"taylor": False, "taylor_vjp": False}
+    with_rules = pn.ODE(lambda y, t, p: [p[0] * y[0] + 0.25 * y[1], y[0]], n_states=2, n_theta=1)
+    with_rules.taylor_coefficients(2)(y, 0.0, p, out)
+    assert calls == ["taylor"] and np.allclose(out[1], [1.5 * 2.5 + 0.25 * 0.3, 2.5])
