@@ -11,10 +11,18 @@ numba unpickles a cache index before it compares the stamp, so an index written 
 that names a class those sources had (a named tuple type of a kernel's signature, say) raised an
 ``AttributeError`` instead of being treated as stale; for the package's caches such an index now counts as
 stale (the kernel is compiled again).
+
+numba saves an entry by reading the index, choosing the first free data-file number and writing both back. Two
+processes that save overloads of one function at once (``pytest -n 2``, a study's workers, sampler processes) could
+each drop the other's entry from the index, or both choose the same data file and map two signatures to one compiled
+library. For the package's caches that read–choose–write runs under an exclusive lock of a file beside the index
+(``fcntl.flock``; where it is not available, numba's behaviour).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 from numba.core import caching
@@ -70,3 +78,34 @@ def _load_index_or_stale(self):
 
 if getattr(caching.IndexDataCacheFile._load_index, "__name__", "") != "_load_index_or_stale":
     caching.IndexDataCacheFile._load_index = _load_index_or_stale
+
+
+try:
+    import fcntl
+except ImportError:  # (not on Windows)
+    fcntl = None
+
+_save = caching.IndexDataCacheFile.save
+
+
+@contextlib.contextmanager
+def _index_lock(index_path: str):
+    """An exclusive lock of ``<index>.lock`` for the duration of the block (other processes wait)."""
+    with open(index_path + ".lock", "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _save_locked(self, key, data):
+    if fcntl is None or self._source_stamp != _STAMP:
+        return _save(self, key, data)  # not this package's cache: numba's own behaviour
+    os.makedirs(self._cache_path, exist_ok=True)
+    with _index_lock(self._index_path):
+        return _save(self, key, data)
+
+
+if getattr(caching.IndexDataCacheFile.save, "__name__", "") != "_save_locked":
+    caching.IndexDataCacheFile.save = _save_locked

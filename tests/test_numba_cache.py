@@ -71,3 +71,42 @@ def test_an_index_naming_a_class_that_no_longer_exists_is_stale(tmp_path):
         else:  # outside the package's caches numba's behaviour is unchanged
             with pytest.raises(AttributeError):
                 index._load_index()
+
+
+def _save_two_at_once(cache_dir, monkeypatch):
+    # Each save reads the index, waits, then writes: without a lock both read the empty index.
+    import threading
+    import time
+
+    load = caching.IndexDataCacheFile._load_index
+
+    def slow_load(self):
+        overloads = load(self)
+        time.sleep(0.2)
+        return overloads
+
+    monkeypatch.setattr(caching.IndexDataCacheFile, "_load_index", slow_load)
+    cache_dir.mkdir()
+
+    def save(key):
+        caching.IndexDataCacheFile(str(cache_dir), "kernel-1.py311", _numba_cache._STAMP).save(key, f"data {key}")
+
+    threads = [threading.Thread(target=save, args=(key,)) for key in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    monkeypatch.setattr(caching.IndexDataCacheFile, "_load_index", load)
+    return caching.IndexDataCacheFile(str(cache_dir), "kernel-1.py311", _numba_cache._STAMP)
+
+
+@pytest.mark.skipif(_numba_cache.fcntl is None, reason="file locks need fcntl")
+def test_saves_at_once_keep_every_entry(tmp_path, monkeypatch):
+    # Two processes (here threads, which flock separates the same way) saving overloads of one kernel at once.
+    index = _save_two_at_once(tmp_path / "locked", monkeypatch)
+    overloads = index._load_index()
+    assert set(overloads) == {"a", "b"} and len(set(overloads.values())) == 2
+    assert index.load("a") == "data a" and index.load("b") == "data b"
+    # numba's own save loses one of them (what the lock is for)
+    monkeypatch.setattr(caching.IndexDataCacheFile, "save", _numba_cache._save)
+    assert len(_save_two_at_once(tmp_path / "unlocked", monkeypatch)._load_index()) == 1
