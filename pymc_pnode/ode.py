@@ -250,7 +250,7 @@ class ODE:
 
     def _base_functions(self) -> list[str]:
         d, k = self.n_states, self.n_theta
-        jac_y, jac_p = self._jacobian_graphs()
+        jac_y, jac_p = self._canonical_jacobians()
         return [
             self._gen("rhs", {"out": self._f}, {"out": (d,)}),
             self._gen("jac_y", {"out": [g for row in jac_y for g in row]}, {"out": (d, d)}),
