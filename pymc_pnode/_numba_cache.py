@@ -85,7 +85,7 @@ try:
 except ImportError:  # (not on Windows)
     fcntl = None
 
-_save = caching.IndexDataCacheFile.save
+_save = getattr(caching.IndexDataCacheFile.save, "__wrapped__", caching.IndexDataCacheFile.save)  # (a reload)
 
 
 @contextlib.contextmanager
@@ -107,5 +107,6 @@ def _save_locked(self, key, data):
         return _save(self, key, data)
 
 
+_save_locked.__wrapped__ = _save
 if getattr(caching.IndexDataCacheFile.save, "__name__", "") != "_save_locked":
     caching.IndexDataCacheFile.save = _save_locked
