@@ -1,10 +1,15 @@
 """Scaling with the number of states: build, first compile, logp + gradient and peak memory of a Fenrir model.
 
-Problem: Lorenz-96, ``dy_i/dt = (y_{i+1} - y_{i-2}) y_{i-1} - y_i + F`` (indices mod d), F = 8 the one
-parameter, y0 = F + sin(i), every other state observed at t = 0.1, 0.2, ..., 2.0 with Gaussian noise
-(sd 0.1, seeded); IWP(3) prior, fixed step 0.01 from t0 = 0 (200 steps; ``--step``), diffusion 1; gradient
-with respect to y0, F and the noise sd. Solvers (``--structures``): ``dense`` = EK1(3), ``diagonal`` =
-EK1(3, structure="diagonal"), ``isotropic`` = EK0(3, structure="isotropic").
+Problems (``--problem``): ``lorenz96``, ``dy_i/dt = (y_{i+1} - y_{i-2}) y_{i-1} - y_i + F`` (indices mod d),
+F = 8 the one parameter, y0 = F + sin(i), every other state observed at t = 0.1, 0.2, ..., 2.0 with Gaussian
+noise (sd 0.1, seeded); ``fisher_kpp``, the method-of-lines reaction–diffusion PDE of
+``case_studies/reaction_diffusion.py`` on d cells (parameters D = 0.0025 and r = 3, the initial front
+``exp(-(x/0.08)²)``, every other cell observed at t = 0.4, 0.8, ..., 4.0 with noise sd 0.05, seeded; its
+stiffness grows like D d²). IWP(3) prior, fixed steps from t0 = 0 (``--step``; by default 200 steps of 0.01 for
+Lorenz-96, 4000 of 0.001 for the PDE: with 0.002 the isotropic EK0 and with 0.02 every solver fails at d = 100, and
+our fixed-step guard returns -inf where probdiffeq returned -4e79), diffusion 1; gradient with respect to y0, the
+parameters and the noise sd. Solvers (``--structures``): ``dense`` = EK1(3),
+``diagonal`` = EK1(3, structure="diagonal"), ``isotropic`` = EK0(3, structure="isotropic").
 
 Every size runs in a fresh Python process, as a user building a new model pays: the package's library
 kernels come from a warmed numba cache (copied, so that every run starts from the same cache), the
@@ -39,14 +44,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import namedtuple
 from pathlib import Path
 
-STEP = 0.01
-T_END = 2.0
 ORDER = 3
-SIGMA = 0.1
 FORCING = 8.0
 UNOBSERVED_STD = 1e6  # probdiffeq observes the full state at every grid point; this hides an entry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "case_studies"))
+from reaction_diffusion import fisher_kpp  # noqa: E402 (the case study's field; its ODE is built only on use)
 
 
 def lorenz96(y, t, p):
@@ -54,26 +60,36 @@ def lorenz96(y, t, p):
     return [(y[(i + 1) % d] - y[i - 2]) * y[i - 1] - y[i] + p[0] for i in range(d)]
 
 
-def problem(d: int):
-    """``(y0, times, observed states, data)`` of the ``d``-state benchmark problem (seeded)."""
+Problem = namedtuple("Problem", ["field", "theta", "y0", "times", "observed", "data", "sigma", "t_end", "n_steps"])
+
+
+def problem(d: int, name: str = "lorenz96") -> Problem:
+    """The ``d``-state benchmark problem ``name`` with its (seeded) data."""
     import numpy as np
     from scipy.integrate import solve_ivp
 
-    y0 = FORCING + np.sin(np.arange(d))
-    times = np.round(np.arange(1, 21) * 0.1, 10)
+    if name == "lorenz96":
+        field, theta, y0, sigma = lorenz96, np.array([FORCING]), FORCING + np.sin(np.arange(d)), 0.1
+        times, method, n_steps = np.round(np.arange(1, 21) * 0.1, 10), "DOP853", 200
+    else:
+        x = (np.arange(d) + 0.5) / d
+        field, theta, y0, sigma = fisher_kpp, np.array([0.0025, 3.0]), np.exp(-((x / 0.08) ** 2)), 0.05
+        times, method, n_steps = np.round(np.arange(1, 11) * 0.4, 10), "Radau", 4000  # (stiff for large d)
     observed = np.arange(0, d, 2)
-    sol = solve_ivp(lambda t, y: lorenz96(list(y), t, [FORCING]), (0.0, T_END), y0, method="DOP853",
+    sol = solve_ivp(lambda t, y: field(list(y), t, theta), (0.0, float(times[-1])), y0, method=method,
                     t_eval=times, rtol=1e-12, atol=1e-12)
-    data = sol.y.T[:, observed] + SIGMA * np.random.default_rng(1).standard_normal((times.size, observed.size))
-    return y0, times, observed, data
+    data = sol.y.T[:, observed] + sigma * np.random.default_rng(1).standard_normal((times.size, observed.size))
+    return Problem(field, theta, y0, times, observed, data, sigma, float(times[-1]), n_steps)
 
 
 SOLVERS = {"dense": ("EK1", "dense"), "diagonal": ("EK1", "diagonal"), "isotropic": ("EK0", "isotropic")}
 
 
-def measure(d: int, repeats: int, kernel: str = "auto", structure: str = "dense", step: float = STEP) -> dict:
-    """All phases for ``d`` states, in this process; ``kernel`` "generic" or "specialised" overrides the
-    package's choice between the kernel of any ``d`` and one compiled for ``d`` (dense structure)."""
+def measure(d: int, repeats: int, kernel: str = "auto", structure: str = "dense", step: float | None = None,
+            name: str = "lorenz96") -> dict:
+    """All phases for ``d`` states of problem ``name``, in this process (``step``: the problem's default);
+    ``kernel`` "generic" or "specialised" overrides the package's choice between the kernel of any ``d`` and one
+    compiled for ``d`` (dense structure)."""
     import resource
 
     import numpy as np
@@ -87,16 +103,17 @@ def measure(d: int, repeats: int, kernel: str = "auto", structure: str = "dense"
     if kernel != "auto":
         fenrir.SPECIALISED_MAX_STATES = 0 if kernel == "generic" else d
 
-    y0, times, observed, data = problem(d)
-    obs_matrix = np.eye(d)[observed]
+    prob = problem(d, name)
+    step = step or prob.t_end / prob.n_steps
+    obs_matrix = np.eye(d)[prob.observed]
 
-    row = {"d": d, "structure": structure, "steps": round(T_END / step),
+    row = {"d": d, "structure": structure, "steps": round(prob.t_end / step),
            "kernel": kernel if kernel != "auto" else
            ("specialised" if d <= fenrir.SPECIALISED_MAX_STATES and structure == "dense" else "generic")}
     method, layout = SOLVERS[structure]
     solver = getattr(pn, method)(ORDER, layout)
     start = time.perf_counter()
-    ode = pn.ODE(lorenz96, n_states=d, n_theta=1)
+    ode = pn.ODE(prob.field, n_states=d, n_theta=prob.theta.size)
     row["ode"] = time.perf_counter() - start
     tick = time.perf_counter()
     ode.hess_contract  # noqa: B018 (compiles the generated module)
@@ -110,12 +127,12 @@ def measure(d: int, repeats: int, kernel: str = "auto", structure: str = "dense"
     y0_var = pt.vector("y0")
     theta_var = pt.vector("theta")
     sigma_var = pt.scalar("sigma")
-    logp = pn.fenrir_loglik(ode, y0_var, theta_var, times, data, obs_matrix=obs_matrix, obs_sigma=sigma_var,
-                            diffusion=1.0, solver=solver, step=step)
+    logp = pn.fenrir_loglik(ode, y0_var, theta_var, prob.times, prob.data, obs_matrix=obs_matrix,
+                            obs_sigma=sigma_var, diffusion=1.0, solver=solver, step=step)
     fn = pytensor.function([y0_var, theta_var, sigma_var],
                            [logp, *pt.grad(logp, [y0_var, theta_var, sigma_var])])
     row["graph"] = time.perf_counter() - tick
-    args = (y0, np.array([FORCING]), SIGMA)
+    args = (prob.y0, prob.theta, prob.sigma)
     tick = time.perf_counter()
     first = fn(*args)
     row["first"] = time.perf_counter() - tick
@@ -131,8 +148,9 @@ def measure(d: int, repeats: int, kernel: str = "auto", structure: str = "dense"
     return row
 
 
-def measure_peer(d: int, repeats: int, structure: str, step: float = STEP) -> dict:
-    """probdiffeq's jitted ``value_and_grad`` of the same Fenrir-type loss for ``d`` states, in this process.
+def measure_peer(d: int, repeats: int, structure: str, step: float | None = None, name: str = "lorenz96") -> dict:
+    """probdiffeq's jitted ``value_and_grad`` of the same Fenrir-type loss for ``d`` states of problem ``name``, in
+    this process (its field written again in JAX).
 
     Its state-space model of the same structure (``state_space_model_dense``/``_blockdiag`` with a first-order
     linearisation, ``_isotropic`` with a zeroth-order one), IWP(3), exact Taylor initialisation, fixed-interval
@@ -154,13 +172,14 @@ def measure_peer(d: int, repeats: int, structure: str, step: float = STEP) -> di
 
     from pymc_pnode.solve import fixed_grid
 
-    y0, times, observed, data = problem(d)
-    grid = fixed_grid(np.union1d([0.0], times), step)
+    prob = problem(d, name)
+    step = step or prob.t_end / prob.n_steps
+    grid = fixed_grid(np.union1d([0.0], prob.times), step)
     seen = np.zeros((grid.size, d), dtype=bool)
-    seen[np.ix_(np.searchsorted(grid, times), observed)] = True
+    seen[np.ix_(np.searchsorted(grid, prob.times), prob.observed)] = True
     u = np.zeros((grid.size, d))
-    u[seen] = data.ravel()
-    offset = (seen.size - data.size) * (math.log(UNOBSERVED_STD) + 0.5 * math.log(2 * math.pi))
+    u[seen] = prob.data.ravel()
+    offset = (seen.size - prob.data.size) * (math.log(UNOBSERVED_STD) + 0.5 * math.log(2 * math.pi))
     grid, u, seen = jnp.asarray(grid), jnp.asarray(u), jnp.asarray(seen)
     ssm = {"dense": pdq.state_space_model_dense, "diagonal": pdq.state_space_model_blockdiag,
            "isotropic": pdq.state_space_model_isotropic}[structure]()
@@ -168,7 +187,10 @@ def measure_peer(d: int, repeats: int, structure: str, step: float = STEP) -> di
 
     def loglik(y0, theta, sigma):
         def field(y, *, t):
-            return (jnp.roll(y, -1) - jnp.roll(y, 2)) * jnp.roll(y, 1) - y + theta[0]
+            if name == "lorenz96":
+                return (jnp.roll(y, -1) - jnp.roll(y, 2)) * jnp.roll(y, 1) - y + theta[0]
+            left, right = jnp.concatenate([y[:1], y[:-1]]), jnp.concatenate([y[1:], y[-1:]])  # mirrored ghosts
+            return theta[0] * d * d * (left - 2.0 * y + right) + theta[1] * y * (1.0 - y)
 
         vf = pdq.ode(field, jacobian=pdq.jacobian_materialize())
         tcoeffs, _ = pdq.jetexpand_ode_unroll(num=ORDER)(vf, [y0], t=0.0)
@@ -180,8 +202,8 @@ def measure_peer(d: int, repeats: int, structure: str, step: float = STEP) -> di
         return loss(u, posterior=sol.solution_full, std=jnp.where(seen, sigma, UNOBSERVED_STD)) + offset
 
     value_and_grad = jax.jit(jax.value_and_grad(loglik, argnums=(0, 1, 2)))
-    args = (jnp.asarray(y0), jnp.asarray([FORCING]), jnp.asarray(SIGMA))
-    row = {"d": d, "structure": structure, "steps": round(T_END / step), "kernel": "probdiffeq"}
+    args = (jnp.asarray(prob.y0), jnp.asarray(prob.theta), jnp.asarray(prob.sigma))
+    row = {"d": d, "structure": structure, "steps": round(prob.t_end / step), "kernel": "probdiffeq"}
     tick = time.perf_counter()
     value, _ = jax.block_until_ready(value_and_grad(*args))
     row["first"] = row["total"] = time.perf_counter() - tick
@@ -232,7 +254,8 @@ def main() -> None:
                         help="measure every size with each of these Fenrir kernels")
     parser.add_argument("--structures", nargs="+", default=["dense"], choices=sorted(SOLVERS),
                         help="measure every size with each of these solvers")
-    parser.add_argument("--step", type=float, default=STEP)
+    parser.add_argument("--problem", choices=["lorenz96", "fisher_kpp"], default="lorenz96")
+    parser.add_argument("--step", type=float, default=None, help="default: the problem's")
     parser.add_argument("--cache", type=Path, default=None,
                         help="a warmed numba cache to start every run from (default: warm a new one)")
     parser.add_argument("--cache-out", type=Path, default=None,
@@ -258,8 +281,8 @@ def main() -> None:
         run_cache = Path(tempfile.mkdtemp(prefix="scale_run_"))
         shutil.copytree(base, run_cache, dirs_exist_ok=True)
         code = ("import sys, json; sys.path.insert(0, %r); import scale; "
-                "print(json.dumps(scale.measure(%d, %d, %r, %r, %r)))") % (
-            str(Path(__file__).resolve().parent), d, args.repeats, kernel, structure, args.step)
+                "print(json.dumps(scale.measure(%d, %d, %r, %r, %r, %r)))") % (
+            str(Path(__file__).resolve().parent), d, args.repeats, kernel, structure, args.step, args.problem)
         out = _run_python(code, run_cache, Path(tempfile.mkdtemp(prefix="scale_gen_")))
         rows.append(json.loads(out.strip().splitlines()[-1]))
         shutil.rmtree(run_cache, ignore_errors=True)
@@ -267,15 +290,15 @@ def main() -> None:
         if args.peer and structure != "isotropic" and kernel == args.kernels[0]:
             # probdiffeq's isotropic loss takes one standard deviation per time: it cannot leave states unobserved.
             code = ("import sys, json; sys.path.insert(0, %r); import scale; "
-                    "print(json.dumps(scale.measure_peer(%d, %d, %r, %r)))") % (
-                str(Path(__file__).resolve().parent), d, args.repeats, structure, args.step)
+                    "print(json.dumps(scale.measure_peer(%d, %d, %r, %r, %r)))") % (
+                str(Path(__file__).resolve().parent), d, args.repeats, structure, args.step, args.problem)
             rows.append(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                                   check=True).stdout.strip().splitlines()[-1]))
             print(rows[-1], file=sys.stderr)
 
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; Python "
           f"{platform.python_version()}, numba {numba.__version__}, pytensor {pytensor.__version__}, "
-          f"pymc_pnode {pymc_pnode.__version__}; {time.strftime('%Y-%m-%d %H:%M')}\n")
+          f"pymc_pnode {pymc_pnode.__version__}; {time.strftime('%Y-%m-%d %H:%M')}; problem {args.problem}\n")
     print("| d | structure | steps | Fenrir kernel | `pn.ODE` | Hessians | Taylor | graph | first logp+grad "
           "| total to first | logp+grad | peak RSS | logp |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
