@@ -237,8 +237,8 @@ class ODE:
 
     def _canonical_jacobians(self) -> tuple[list[list[Variable]], list[list[Variable]]]:
         """:meth:`_jacobian_graphs` with the entries that are not constants (most are zeros) canonicalised, built
-        once: the Taylor tape and the Hessian contraction start from them (a rewrite of ``d²`` entries each
-        otherwise)."""
+        once: the generated Jacobians, the Taylor tape and the Hessian contraction start from them (a rewrite of
+        ``d²`` entries each otherwise)."""
         if self._canonical_first_derivatives is None:
             jac_y, jac_p = self._jacobian_graphs()
             rows = [list(row) for row in [*jac_y, *jac_p]]
