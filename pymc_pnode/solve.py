@@ -695,7 +695,7 @@ def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | N
     mu0 = coeffs.reshape(-1).copy()
     r0 = initial_root(solver.structure, q, d)
     if not np.all(np.isfinite(mu0)):
-        run = allocate_run(1, q, d, False, r0)
+        run = allocate_run(1, q, d, False, r0, 0)
         run.grid[0], run.mu[0], run.r[0], run.kappa[0] = t0, mu0, 0.0, 0.0
         counts = ForwardStats(0, 0, 0, STATUS_NONFINITE, 0.0, 0.0, 0)
     else:

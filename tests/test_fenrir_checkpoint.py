@@ -1,7 +1,7 @@
-"""Checkpointed reverse sweeps of dense Fenrir likelihoods (``memory_budget``): when the data phase's store would
-exceed the budget, the kernel recomputes it in intervals, and the value and gradient are those of the stored sweep
-to rounding, in every diffusion mode, with fixed and error-controlled steps, restarts at discontinuities,
-missing data and several noise scales."""
+"""Checkpointed dense Fenrir likelihoods (``memory_budget``): when an evaluation would store more than the budget,
+the forward pass keeps its roots only at checkpoints and the kernel recomputes them, and the data phase's store, in
+intervals; the value and gradient are those of the stored sweep to rounding, in every diffusion mode, with fixed
+and error-controlled steps, restarts at discontinuities, missing data and several noise scales."""
 
 import numpy as np
 import pymc as pm
@@ -10,7 +10,8 @@ import pytensor.tensor as pt
 import pytest
 
 import pymc_pnode as pn
-from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, FenrirArguments, checkpoint_interval
+from pymc_pnode.filtering.fenrir import STATUS_CHECKPOINTS, FenrirArguments, checkpoint_interval, checkpoint_slots
+from pymc_pnode.filtering.odefilter import keep_thin_root
 from tests import test_fenrir_discontinuities as chain
 from tests.conftest import lotka_volterra
 
@@ -58,14 +59,33 @@ SETTINGS = {
 
 @pytest.mark.parametrize("kwargs", SETTINGS.values(), ids=SETTINGS.keys())
 def test_checkpointed_sweep_equals_the_stored_sweep(lv_ode, data, kwargs):
+    """Fixed steps (121 points): 22 root rows (26 with a fixed or global diffusion) whatever the budget, points 8
+    apart; error control: budget 1 byte, four rows, ≈ 120 points 32 apart; 200 kB (D = 8), 48 rows. Intervals of
+    one to four strides."""
     times = TIMES if kwargs.get("step") != 0.1 else np.array([0.1, 0.2])
     obs = data if times is TIMES else data[:2]
     stored = _value_and_gradient(lv_ode, obs, times, 2.0**30, **kwargs)
-    checkpointed = _value_and_gradient(lv_ode, obs, times, 1.0, **kwargs)  # every sweep is over budget
     sigma = np.array([0.1, 0.15])
-    for a, b in zip(stored(Y0, THETA, sigma), checkpointed(Y0, THETA, sigma)):
-        _assert_same_to_rounding(b, a)
+    for budget in (1.0, 2e5):  # every evaluation is over budget
+        checkpointed = _value_and_gradient(lv_ode, obs, times, budget, **kwargs)
+        for a, b in zip(stored(Y0, THETA, sigma), checkpointed(Y0, THETA, sigma)):
+            _assert_same_to_rounding(b, a)
     assert np.all(np.abs(stored(Y0, THETA, sigma)[2]) > 0)
+
+
+@pytest.mark.parametrize("n_pts", [1, 2, 4, 5, 9, 17, 100, 1000])
+def test_a_thin_run_keeps_evenly_spaced_roots_in_its_slots(n_pts):
+    """The checkpoints of a thin forward pass: every point j·stride, in at most ``root_slots`` rows (more than
+    half of them used), point 0 first."""
+    slots = 8
+    rows, stride = np.zeros((slots, 1)), 1
+    for n in range(1, n_pts):
+        stride = keep_thin_root(rows, np.array([float(n)]), n, stride, slots)
+    kept = (n_pts - 1) // stride + 1
+    assert kept <= slots and (kept > slots // 2 or stride == 1)
+    np.testing.assert_array_equal(rows[:kept, 0], stride * np.arange(kept))
+    assert [checkpoint_slots(2e5, 8, 0, 1), checkpoint_slots(2e5, 8, 121, 2), checkpoint_slots(1.0, 8, 121, 2),
+            checkpoint_slots(2.0**30, 400, 0, 1), checkpoint_slots(2.0**30, 160, 2001, 1)] == [48, 22, 22, 104, 104]
 
 
 def test_checkpointed_sweep_through_declared_discontinuities(data):
@@ -81,10 +101,12 @@ def test_checkpointed_sweep_through_declared_discontinuities(data):
 
 
 def test_default_kernel_hands_over_only_dense_sweeps_over_budget(lv_ode, data):
-    """The default kernel answers STATUS_CHECKPOINTS for a dense sweep over budget (value-only evaluations and
-    block structures never ask), and the checkpointed kernel then computes it."""
+    """The default kernel answers STATUS_CHECKPOINTS for a dense evaluation over budget (value-only ones too; block
+    structures never ask), and the checkpointed kernel then computes it. Between the forward run's store and the
+    gradient's: only gradients ask."""
     for structure, budget, want_grad, asks in [("dense", 1.0, True, True), ("dense", 2.0**30, True, False),
-                                               ("dense", 1.0, False, False), ("diagonal", 1.0, True, False)]:
+                                               ("dense", 1.0, False, True), ("diagonal", 1.0, True, False),
+                                               ("dense", 5e5, True, True), ("dense", 5e5, False, False)]:
         solver = pn.EK1(order=3, structure=structure)
         ll = pn.fenrir_loglik(lv_ode, Y0, THETA, TIMES, data, obs_sigma=0.1, step=0.05, solver=solver,
                               memory_budget=budget)

@@ -60,6 +60,7 @@ from pymc_pnode.filtering.odefilter import (
     Diffusion,
     ForwardRun,
     forward_pass,
+    interval_roots,
     refilter,
     rescale_roots,
 )
@@ -71,6 +72,7 @@ from pymc_pnode.filtering.smoother import (
     backward_work,
 )
 from pymc_pnode.filtering.stepping import (
+    STATUS_MAX_STEPS,
     STATUS_NONFINITE,
     STATUS_SUCCESS,
     STEPPING_T,
@@ -111,13 +113,13 @@ _FENRIR_FUNCTIONS_T = nb.types.NamedUniTuple(FN, 6, FenrirFunctions)  # (typeof 
 # steps must hit; ``stop_obs[j]`` is the data row observed at ``stops[j]`` (or -1). ``control.h0`` is
 # ignored (the kernel chooses the first step). ``end_cotangent`` (length d) is a cotangent on the solution
 # mean at the last stop, added to ``cotangent · terms`` (a later segment restarted from that mean depends on it).
-# ``sweep_budget``: bytes that a dense reverse sweep may hold for its data phase before it runs checkpointed.
+# ``sweep_budget``: bytes a dense evaluation may store (:func:`stored_bytes_per_point`) before it runs checkpointed.
 FenrirArguments = namedtuple(
     "FenrirArguments",
     ["y0", "theta", "rq", "ek1", "kappa", "diffusion_mode", "control", "stops", "stop_obs", "data", "cmat", "sigma",
      "sigma_dir", "n_sigma", "want_grad", "cotangent", "end_cotangent", "sweep_budget"],
 )
-# The kernel's answer when a dense reverse sweep would exceed ``sweep_budget``: run the checkpointed kernel.
+# The kernel's answer when a dense evaluation would store more than ``sweep_budget``: run the checkpointed kernel.
 STATUS_CHECKPOINTS = 100
 # The backward Kalman filter's states before and after the data at each grid point, and its gains.
 DataFilterRun = namedtuple("DataFilterRun", ["m_pre", "r_pre", "m_post", "r_post", "gs"])
@@ -157,7 +159,7 @@ def _data_filter(run: ForwardRun, obs_at: np.ndarray, model: ObservationModel, r
     a tuple member, which in the loops cost ≈ 20 % of the evaluation.)
     """
     dd = (q + 1) * d
-    _, _, mu, r, _, r_pred, _, _, steps, _, _ = run
+    _, _, mu, r, _, r_pred, _, _, steps, _, _, _ = run
     n_seen = model.n_seen
     n_pts = mu.shape[0]
     n_store = n_pts if keep else 1
@@ -207,7 +209,7 @@ def _data_filter_adjoint(
     the next interval.
     """
     dd = (q + 1) * d
-    _, _, _, _, mu_pred, r_pred, _, _, steps, _, _ = run
+    _, _, _, _, mu_pred, r_pred, _, _, steps, _, _, _ = run
     m_pre, r_pre, m_post, r_post, gs = store
     n_seen = model.n_seen
     n_pts = mu_pred.shape[0]
@@ -282,7 +284,7 @@ def _block_data_phase(run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments
     states given the means, so each state runs the dense data filter on its own block with the observation rows
     that select it.
     """
-    grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa, local_kappa = run
+    grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa, local_kappa, _ = run
     n_pts, n_blocks = r.shape[0], r.shape[1]
     q1 = q + 1
     want = args.want_grad
@@ -302,7 +304,7 @@ def _block_data_phase(run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments
             gather_state(mu[n], q, d, i, mu1[n])
             gather_state(mu_pred[n], q, d, i, mu_pred1[n])
         run1 = ForwardRun(grid, stop, mu1, np.ascontiguousarray(r[:, b]), mu_pred1,
-                          np.ascontiguousarray(r_pred[:, b]), lin, zhat, steps, kappa, local_kappa)
+                          np.ascontiguousarray(r_pred[:, b]), lin, zhat, steps, kappa, local_kappa, 0)
         terms1[:] = 0.0
         store, finite, _, _ = _data_filter(run1, obs_at, model, rq, q, 1, terms1, want,
                                            (mu1[n_pts - 1], run1.r[n_pts - 1], True))
@@ -339,7 +341,7 @@ def _filter_adjoint(
     run) or nothing (``KBAR_NONE``). Adds the adjoints of ``θ`` to ``grad``; False if an update is singular.
     """
     dd = (q + 1) * d
-    grid, _, _, r, mu_pred, r_pred, lin, zhat, steps, _, local_kappa = run
+    grid, _, _, r, mu_pred, r_pred, lin, zhat, steps, _, local_kappa, _ = run
     inj_mu, inj_sig, kbar_step, sig_pred_dep, _ = deposits
     n_pts = grid.shape[0]
     k = field.theta.shape[0]
@@ -412,7 +414,7 @@ def _block_filter_adjoint(
     values, a call per operation) the dense FitzHugh–Nagumo logp + gradient was 16 % slower (measured).
     """
     dd = (q + 1) * d
-    grid, _, _, r, mu_pred, r_pred, lin, zhat, steps, _, local_kappa = run
+    grid, _, _, r, mu_pred, r_pred, lin, zhat, steps, _, local_kappa, _ = run
     inj_mu, inj_sig, kbar_step, sig_pred_dep, _ = deposits
     n_pts = grid.shape[0]
     k = field.theta.shape[0]
@@ -463,34 +465,64 @@ def _block_filter_adjoint(
     return bar, True, work.out.rounding[0]
 
 
-@nb.njit(**INLINE_JIT)
-def _run_interval(run: ForwardRun, a: int, b: int) -> ForwardRun:
-    """The grid points ``a, ..., b`` of a kept run (views)."""
-    e = b + 1
-    return ForwardRun(run.grid[a:e], run.stop[a:e], run.mu[a:e], run.r[a:e], run.mu_pred[a:e], run.r_pred[a:e],
-                      run.lin[a:e], run.zhat[a:e], run.step[a:e], run.kappa[a:e], run.local_kappa[a:e])
-
-
 def checkpoint_interval(n_pts: int) -> int:
-    """Grid steps per interval of a checkpointed sweep of ``n_pts`` grid points: about ``√(0.4 n_pts)``, which
-    minimises what the sweep holds at once (one interval's store and deposits, five ``D×D`` matrices per point,
-    and two at every interval bound)."""
+    """Grid steps per interval of a checkpointed sweep of ``n_pts`` grid points when its run keeps every root:
+    about ``√(0.4 n_pts)``, which minimises what the sweep holds at once (one interval's store and deposits, five
+    ``D×D`` matrices per point, and two at every interval bound)."""
     return max(1, int(round(math.sqrt(0.4 * n_pts))))
 
 
 checkpoint_interval_jit = nb.njit(**INLINE_JIT)(checkpoint_interval)
 
+
 @nb.njit(**INLINE_JIT)
-def data_phase_bytes_per_point(dd: int) -> float:
-    """Bytes of the data phase's store and deposits per grid point of a dense run with states of length ``dd``
-    (what a checkpointed sweep recomputes instead of storing)."""
-    return 8.0 * (5.0 * dd * dd + 3.0 * dd + 1.0)
+def stored_bytes_per_point(q: int, d: int, local: bool, want_grad: bool) -> float:
+    """Bytes that a dense evaluation without checkpoints stores per grid point: the forward run (its root and
+    predicted root, means, linearisation, coefficients; twice with the local diffusion's second pass) and, for a
+    gradient, the data phase's store and deposits (five ``D×D`` matrices)."""
+    dd = (q + 1) * d
+    run = 2.0 * dd * dd + 2.0 * dd + d * d + d + 3.0 * (q + 1) + 4.0
+    data = 5.0 * dd * dd + 3.0 * dd + 1.0 if want_grad else 0.0
+    return 8.0 * ((2.0 if local else 1.0) * run + data)
+
+
+@nb.njit(**INLINE_JIT)
+def checkpoint_slots(budget: float, dd: int, n_pts: int, runs: int) -> int:
+    """Root rows of each of the ``runs`` thin forward runs of a checkpointed sweep (``root_slots`` of
+    :func:`~.odefilter.forward_pass`) over ``n_pts`` grid points (0: not known in advance, error control). The sweep
+    holds the kept roots, the data filter's state and adjoint at each interval bound and one interval's seven
+    ``D×D`` matrices per point: about ``√(7 N / (runs + 2))`` kept roots minimise that, whatever the budget (fewer
+    would lengthen the intervals), and the rows (of which a thin run keeps more than half) are 1.5 times as many.
+    When ``N`` is not known: an eighth of the ``B = budget / (8 D²)`` ``D×D`` matrices the budget holds. Even, at
+    least 4."""
+    if n_pts > 0:
+        return max(4, 2 * int(math.ceil(0.75 * math.sqrt(7.0 * n_pts / (runs + 2)))))
+    return max(4, 2 * int(min(budget / (128.0 * dd * dd), 1e9)))
+
+
+@nb.njit(**INLINE_JIT)
+def _interval_bounds(n_pts: int, stride: int) -> np.ndarray:
+    """The bounds of a checkpointed sweep's intervals over a thin run of ``n_pts`` points: multiples of its root
+    ``stride`` (where it kept a root), :func:`checkpoint_interval` apart or the nearest multiple of the stride, and
+    the last point."""
+    width = stride * max(1, int(round(checkpoint_interval_jit(n_pts) / stride)))
+    n_int = (n_pts - 2) // width + 1
+    bounds = np.empty(n_int + 1, dtype=np.int64)
+    for s in range(n_int):
+        bounds[s] = s * width
+    bounds[n_int] = n_pts - 1
+    return bounds
 
 
 # The checkpointed sweep calls each phase at several places: there they are outlined, one compiled copy each,
 # rather than inlined at every call site (fewer copies for numba and LLVM to compile; a kernel compiled only when a
 # model needs it does not need the last percent of speed).
 _OUTLINED_JIT = dict(INLINE_JIT, forceinline=False)
+
+
+@nb.njit(**_OUTLINED_JIT)
+def _interval(run, a, b, rq, q, d):
+    return interval_roots(run, a, b, rq, q, d)
 
 
 @nb.njit(**_OUTLINED_JIT)
@@ -513,49 +545,52 @@ def _checkpointed_dense_sweep(
     field: VectorField, derivs: FieldDerivatives, run: ForwardRun, obs_at: np.ndarray, args: FenrirArguments,
     rq: np.ndarray, q: int, d: int, terms: np.ndarray, grad: np.ndarray, kbar_mode: int,
 ) -> tuple[np.ndarray, Cotangent, bool, float]:
-    """:func:`_dense_data_phase` and the first sweep of :func:`_filter_adjoint` (with the gradient) in intervals of
-    :func:`checkpoint_interval` steps, holding one interval's data-filter store and deposits at a time.
+    """:func:`_dense_data_phase` and the first sweep of :func:`_filter_adjoint` (with the gradient) over a thin
+    ``run`` (:func:`~.odefilter.forward_pass` with root slots), in the intervals of :func:`_interval_bounds`,
+    holding one interval's roots, data-filter store and deposits at a time.
 
-    Three passes over the intervals: the data filter backward, keeping only its state at the bounds; its adjoint
-    forward (the store of each interval recomputed from its upper bound), keeping only its adjoint at the bounds;
-    then, backward, each interval's store and deposits once more and the ODE filter's adjoint over it. The data
-    filter runs three times and its adjoint twice; the numbers are those of the stored sweep (every operation
-    repeats on the same inputs, in the same order). Returns each step's ``κ̄`` (as the stored sweep leaves it),
-    the adjoint of the initial state, whether it stayed finite and the largest rounding bound of the updates.
+    Three passes over the intervals: the data filter backward, keeping only its state at the bounds (all of a
+    value-only evaluation); its adjoint forward (the store of each interval recomputed from its upper bound),
+    keeping only its adjoint at the bounds; then, backward, each interval's store and deposits once more and the
+    ODE filter's adjoint over it. Each pass recomputes an interval's roots from the root kept at its lower bound
+    (:func:`~.odefilter.interval_roots`), the data filter runs three times and its adjoint twice; the numbers are
+    those of the stored sweep (every operation repeats on the same inputs, in the same order). Returns each
+    step's ``κ̄`` (as the stored sweep leaves it), the adjoint of the initial state, whether it stayed finite and
+    the largest rounding bound of the updates.
     """
     dd = (q + 1) * d
     k = args.theta.shape[0]
     kdir = grad.shape[0] - 1
     n_pts = run.grid.shape[0]
-    width = checkpoint_interval_jit(n_pts)
-    n_int = (n_pts - 2) // width + 1
-    bounds = np.empty(n_int + 1, dtype=np.int64)
-    for s in range(n_int):
-        bounds[s] = s * width
-    bounds[n_int] = n_pts - 1
+    bounds = _interval_bounds(n_pts, run.root_stride)
+    n_int = bounds.shape[0] - 1
     model = observation_model(args.data, args.cmat, args.sigma, args.sigma_dir)
     kbar_step = np.zeros(n_pts)
-    failed = (kbar_step, Cotangent(np.zeros(dd), np.zeros((dd, dd))), False, 0.0)
+    top = Cotangent(np.zeros(dd), np.zeros((dd, dd)))
+    failed = (kbar_step, top, False, 0.0)
     # 1. the data filter, backward: its state at each bound (before the data there)
     state_mean, state_root = np.empty((n_int + 1, dd)), np.empty((n_int + 1, dd, dd))
-    state_mean[n_int] = run.mu[n_pts - 1]
-    state_root[n_int] = run.r[n_pts - 1]
     for s in range(n_int - 1, -1, -1):
         a, b = bounds[s], bounds[s + 1]
-        _, finite, mean, root = _interval_data_filter(_run_interval(run, a, b), obs_at[a:b + 1], model, rq, q, d,
-                                                      terms, False, (state_mean[s + 1], state_root[s + 1], s == 0))
+        interval = _interval(run, a, b, rq, q, d)
+        if s == n_int - 1:
+            state_mean[n_int] = run.mu[n_pts - 1]
+            state_root[n_int] = interval.r[b - a]
+        _, finite, mean, root = _interval_data_filter(interval, obs_at[a:b + 1], model, rq, q, d, terms, False,
+                                                      (state_mean[s + 1], state_root[s + 1], s == 0))
         if not finite:
             return failed
         state_mean[s] = mean
         state_root[s] = root
+    if not args.want_grad:
+        return kbar_step, top, True, 0.0
     # 2. its adjoint, forward: the adjoint at each bound, each step's κ̄ share and the deposits at the last point
     grad_sigma = grad[d + k:kdir]
     carry_mean, carry_cov = np.zeros((n_int + 1, dd)), np.zeros((n_int + 1, dd, dd))
-    top = Cotangent(np.zeros(dd), np.zeros((dd, dd)))
     rounding = 0.0
     for s in range(n_int):
         a, b = bounds[s], bounds[s + 1]
-        interval = _run_interval(run, a, b)
+        interval = _interval(run, a, b, rq, q, d)
         store, finite, _, _ = _interval_data_filter(interval, obs_at[a:b + 1], model, rq, q, d, terms, True,
                                                     (state_mean[s + 1], state_root[s + 1], s == 0))
         if not finite:
@@ -579,7 +614,7 @@ def _checkpointed_dense_sweep(
     bar = top
     for s in range(n_int - 1, -1, -1):
         a, b = bounds[s], bounds[s + 1]
-        interval = _run_interval(run, a, b)
+        interval = _interval(run, a, b, rq, q, d)
         store, _, _, _ = _interval_data_filter(interval, obs_at[a:b + 1], model, rq, q, d, terms, True,
                                                (state_mean[s + 1], state_root[s + 1], s == 0))
         dep, _, _ = _interval_data_adjoint(interval, store, obs_at[a:b + 1], model, args.cotangent, rq, q, d,
@@ -592,6 +627,29 @@ def _checkpointed_dense_sweep(
         rounding = max(rounding, bound)
         kbar_step[a + 1:b + 1] = dep.kbar_step[1:]
     return kbar_step, bar, True, rounding
+
+
+@nb.njit(inline="always", **INLINE_JIT)
+def _sweep_in_intervals(field: VectorField, derivs: FieldDerivatives, run: ForwardRun, rq: np.ndarray, q: int,
+                        d: int, kbar_step: np.ndarray, weights: tuple[float, int], grad: np.ndarray,
+                        ) -> tuple[Cotangent, bool, float]:
+    """:func:`_filter_adjoint` without deposits (the second sweep of a calibrated diffusion, from a zero
+    cotangent) over a thin ``run``, interval by interval, backward (the intervals of
+    :func:`_checkpointed_dense_sweep`, their roots recomputed)."""
+    dd = (q + 1) * d
+    bounds = _interval_bounds(run.grid.shape[0], run.root_stride)
+    bar = Cotangent(np.zeros(dd), np.zeros((dd, dd)))
+    rounding = 0.0
+    for s in range(bounds.shape[0] - 2, -1, -1):
+        a, b = bounds[s], bounds[s + 1]
+        deposits = Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), kbar_step[a:b + 1].copy(),
+                            np.zeros((0, dd, dd)), np.zeros(1))
+        bar, finite, bound = _interval_filter_adjoint(field, derivs, _interval(run, a, b, rq, q, d), rq, q, d, bar,
+                                                      deposits, weights, grad)
+        if not finite:
+            return bar, False, rounding
+        rounding = max(rounding, bound)
+    return bar, True, rounding
 
 
 @nb.njit(inline="always", **INLINE_JIT)
@@ -620,8 +678,8 @@ def fenrir_kernel(q: int, d: int, structure: str = DENSE, checkpointed: bool = F
     a dense filter has its own for ``d <= SPECIALISED_MAX_STATES``, else the kernel of any ``d``; the
     block-diagonal and isotropic structures share one kernel per order), compiled once per process also
     when sampler threads ask at once (:data:`~pymc_pnode._jit.COMPILE_LOCK`). ``checkpointed``: the dense kernel
-    whose reverse sweep runs in intervals when it would exceed ``FenrirArguments.sweep_budget`` (the default kernel
-    then returns :data:`STATUS_CHECKPOINTS`); compiled only when a model needs it."""
+    for evaluations that would store more than ``FenrirArguments.sweep_budget`` (the default kernel then returns
+    :data:`STATUS_CHECKPOINTS`): thin runs, every phase in intervals; compiled only when a model needs it."""
     specialised = structure == DENSE and d <= SPECIALISED_MAX_STATES
     with COMPILE_LOCK:
         return _fenrir_kernel(q, d if specialised else 0, structure if structure == DENSE else "blocks",
@@ -696,17 +754,34 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
         if not all_finite(mu0):
             return terms, grad, False, info, stops[:1], y_end
         c = args.control
+        mode = args.diffusion_mode
+        # A dense evaluation that would store more than the budget runs checkpointed (its own kernel, asked for
+        # with STATUS_CHECKPOINTS): at once with fixed steps, when the steps reach the budget's number of points
+        # with error control (a pass of the steps that fit is wasted).
+        max_steps = c.max_steps
+        if r0.ndim == 2 and not checkpointed:
+            fit = int(min(args.sweep_budget / stored_bytes_per_point(q, d, mode == DIFFUSION_LOCAL, args.want_grad),
+                          1e15))
+            if not c.adaptive and stops.shape[0] > fit:
+                info[4] = STATUS_CHECKPOINTS
+                return terms, grad, False, info, stops[:1], y_end
+            max_steps = min(max_steps, max(fit - 1, 0))
         h0 = math.inf
         if c.adaptive:
             h0 = min(initial_step_size(rhs, args.y0, stops[0], theta, c.rtol, c.atol), stops[-1] - stops[0])
-        control = Stepping(c.adaptive, h0, c.rtol, c.atol, c.max_steps, True)
-        mode = args.diffusion_mode
+        control = Stepping(c.adaptive, h0, c.rtol, c.atol, max_steps, True)
         kappa = args.kappa if mode == DIFFUSION_FIXED else 1.0
+        root_slots = 0
+        if checkpointed:  # thin runs
+            root_slots = checkpoint_slots(args.sweep_budget, dd, 0 if c.adaptive else stops.shape[0],
+                                          2 if mode == DIFFUSION_LOCAL else 1)
         run, stats = forward_pass(field, mu0, r0, rq, q, d, Diffusion(DIFFUSION_FIXED, kappa),
-                                  control, stops, True)
+                                  control, stops, True, root_slots)
         info[0], info[2], info[3], info[4] = stats.max_error, stats.n_steps, stats.n_rejected, stats.status
         info[7] = stats.n_at_equilibrium
         if stats.status != STATUS_SUCCESS:
+            if stats.status == STATUS_MAX_STEPS and max_steps < c.max_steps:
+                info[4] = STATUS_CHECKPOINTS
             return terms, grad, False, info, run.grid, y_end  # the grid up to where the solve stopped
         n_pts = run.grid.shape[0]
         if mode == DIFFUSION_GLOBAL:
@@ -737,24 +812,19 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
         kdir = grad.shape[0] - 1
         derivs = FieldDerivatives(jac_p, hess_contract)
         first_kbar = KBAR_STORE if mode == DIFFUSION_LOCAL else KBAR_ADD
-        # A dense sweep whose data-phase store would exceed the budget runs checkpointed (its own kernel).
-        checkpoint = (r0.ndim == 2 and args.want_grad and n_pts > 2
-                      and n_pts * data_phase_bytes_per_point(dd) > args.sweep_budget)
         first_sweep = 0
-        if checkpointed:
-            if checkpoint:
-                kbar_step, bar, finite, rounding = _checkpointed_dense_sweep(field, derivs, run, obs_at, args, rq, q,
-                                                                             d, terms, grad, first_kbar)
-                if not finite:
-                    return terms, grad, False, info, stops[:1], y_end
-                _initial_state_adjoint(taylor_vjp, args, stops[0], bar.mean, q, d, grad)
-                dep = Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), kbar_step, np.zeros((0, dd, dd)),
-                               np.full(1, rounding))
-                first_sweep = 1
-        elif checkpoint:
-            info[4] = STATUS_CHECKPOINTS  # the caller runs the checkpointed kernel instead
-            return terms, grad, False, info, run.grid, y_end
-        if first_sweep == 0:
+        if checkpointed:  # a thin run: every phase interval by interval
+            kbar_step, bar, finite, rounding = _checkpointed_dense_sweep(field, derivs, run, obs_at, args, rq, q, d,
+                                                                         terms, grad, first_kbar)
+            if not finite:
+                return terms, grad, False, info, stops[:1], y_end
+            if not args.want_grad:
+                return terms, grad, True, info, run.grid, y_end
+            _initial_state_adjoint(taylor_vjp, args, stops[0], bar.mean, q, d, grad)
+            dep = Deposits(np.zeros((0, dd)), np.zeros((0, dd, dd)), kbar_step, np.zeros((0, dd, dd)),
+                           np.full(1, rounding))
+            first_sweep = 1
+        else:
             if r0.ndim == 2:  # the structure (a compile-time branch: r0 is an argument)
                 dep, finite = _dense_data_phase(run, obs_at, args, rq, q, d, terms, grad[d + k:kdir])
             else:
@@ -789,7 +859,10 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
                     sweep = (-2.0 * grad[kdir] * kappa / ((n_pts - 1) * d), KBAR_NONE)
                 else:
                     sweep_run, sweep = unit_run, (0.0, KBAR_LOCAL)
-            if r0.ndim == 2:  # the structure (a compile-time branch: r0 is an argument)
+            if checkpointed:
+                bar, finite, rounding = _sweep_in_intervals(field, derivs, sweep_run, rq, q, d, deposits.kbar_step,
+                                                            sweep, grad)
+            elif r0.ndim == 2:  # the structure (a compile-time branch: r0 is an argument)
                 bar, finite, rounding = _filter_adjoint(field, derivs, sweep_run, rq, q, d, start, deposits, sweep,
                                                         grad)
             else:

@@ -56,10 +56,12 @@ Diffusion = namedtuple("Diffusion", ["mode", "kappa"])
 # roots; the linearisation L ((d, d), or its diagonal (d, 1) with block roots) and residual ẑ; the prior's step
 # arrays (:mod:`.prior`); the diffusion used and the local diffusion estimate (floored). Predictions,
 # linearisations and coefficients have one row unless the pass keeps them (the adjoints need them; ``pn.solve``
-# does not).
+# does not). ``root_stride`` 0: ``r`` (and ``r_pred``, if kept) has a row for every point; k ≥ 1: a thin run for a
+# checkpointed sweep, ``r[j]`` is the root at grid point ``j k`` and no predicted root is kept
+# (:func:`interval_roots` recomputes the others).
 ForwardRun = namedtuple(
     "ForwardRun",
-    ["grid", "stop", "mu", "r", "mu_pred", "r_pred", "lin", "zhat", "step", "kappa", "local_kappa"],
+    ["grid", "stop", "mu", "r", "mu_pred", "r_pred", "lin", "zhat", "step", "kappa", "local_kappa", "root_stride"],
 )
 # Accepted and rejected steps, vector-field evaluations, status code (``stepping.STATUS_*``), the sum of
 # ẑᵀ S⁻¹ ẑ (global calibration), the largest scaled local error of an accepted step (0 if not estimated) and the
@@ -84,43 +86,72 @@ def update_finite(stat: float, mu: np.ndarray, r: np.ndarray) -> bool:
 
 
 @nb.njit(**INLINE_JIT)
-def allocate_run(cap: int, q: int, d: int, keep: bool, r0: np.ndarray) -> ForwardRun:
+def allocate_run(cap: int, q: int, d: int, keep: bool, r0: np.ndarray, root_slots: int) -> ForwardRun:
     """An uninitialised :data:`ForwardRun` with room for ``cap`` grid points (one kept row unless ``keep``),
-    its roots shaped like ``r0`` (the structure, :mod:`.structure`)."""
+    its roots shaped like ``r0`` (the structure, :mod:`.structure`); ``root_slots > 0``: a thin run (see
+    :func:`forward_pass`) with room for ``min(cap, root_slots)`` roots and one predicted root."""
     dd = (q + 1) * d
     kept = cap if keep else 1
+    thin = root_slots > 0
+    shape = root_shape(r0, q, d)
     return ForwardRun(
-        np.empty(cap), np.empty(cap, dtype=np.int64), np.empty((cap, dd)), np.zeros((cap,) + root_shape(r0, q, d)),
-        np.empty((kept, dd)), np.empty((kept,) + root_shape(r0, q, d)), np.zeros((kept, d, d if r0.ndim == 2 else 1)),
+        np.empty(cap), np.empty(cap, dtype=np.int64), np.empty((cap, dd)),
+        np.zeros((min(cap, root_slots) if thin else cap,) + shape),
+        np.empty((kept, dd)), np.empty((1 if thin else kept,) + shape), np.zeros((kept, d, d if r0.ndim == 2 else 1)),
         np.empty((kept, d)),
-        np.zeros((kept, 3, q + 1)), np.empty(cap), np.empty(cap),
+        np.zeros((kept, 3, q + 1)), np.empty(cap), np.empty(cap), 1 if thin else 0,
     )
 
 
 @nb.njit(inline="always", **INLINE_JIT)
-def _grow_run(run: ForwardRun, cap: int, keep: bool) -> ForwardRun:
+def _grow_run(run: ForwardRun, cap: int, keep: bool, root_slots: int) -> ForwardRun:
     grid, stop = grow_rows(run.grid, cap), grow_rows(run.stop, cap)
-    mu, r = grow_rows(run.mu, cap), grow_rows(run.r, cap)
+    mu, r, r_pred = grow_rows(run.mu, cap), run.r, run.r_pred
+    if root_slots == 0:
+        r = grow_rows(run.r, cap)
+        if keep:
+            r_pred = grow_rows(run.r_pred, cap)
+    elif r.shape[0] < root_slots:
+        r = grow_rows(run.r, min(cap, root_slots))
     kappa, local_kappa = grow_rows(run.kappa, cap), grow_rows(run.local_kappa, cap)
     if not keep:
-        return ForwardRun(grid, stop, mu, r, run.mu_pred, run.r_pred, run.lin, run.zhat, run.step, kappa,
-                          local_kappa)
-    return ForwardRun(grid, stop, mu, r, grow_rows(run.mu_pred, cap), grow_rows(run.r_pred, cap),
-                      grow_rows(run.lin, cap), grow_rows(run.zhat, cap), grow_rows(run.step, cap), kappa, local_kappa)
+        return ForwardRun(grid, stop, mu, r, run.mu_pred, r_pred, run.lin, run.zhat, run.step, kappa,
+                          local_kappa, run.root_stride)
+    return ForwardRun(grid, stop, mu, r, grow_rows(run.mu_pred, cap), r_pred, grow_rows(run.lin, cap),
+                      grow_rows(run.zhat, cap), grow_rows(run.step, cap), kappa, local_kappa, run.root_stride)
 
 
 @nb.njit(**INLINE_JIT)
-def _truncate_run(run: ForwardRun, n_pts: int, keep: bool) -> ForwardRun:
+def _truncate_run(run: ForwardRun, n_pts: int, keep: bool, root_stride: int) -> ForwardRun:
     kept = n_pts if keep else 1
-    return ForwardRun(run.grid[:n_pts], run.stop[:n_pts], run.mu[:n_pts], run.r[:n_pts], run.mu_pred[:kept],
-                      run.r_pred[:kept], run.lin[:kept], run.zhat[:kept], run.step[:kept], run.kappa[:n_pts],
-                      run.local_kappa[:n_pts])
+    n_roots, n_pred = n_pts, kept
+    if root_stride > 0:
+        n_roots, n_pred = (n_pts - 1) // root_stride + 1, 1
+    return ForwardRun(run.grid[:n_pts], run.stop[:n_pts], run.mu[:n_pts], run.r[:n_roots], run.mu_pred[:kept],
+                      run.r_pred[:n_pred], run.lin[:kept], run.zhat[:kept], run.step[:kept], run.kappa[:n_pts],
+                      run.local_kappa[:n_pts], root_stride)
+
+
+@nb.njit(inline="always", **INLINE_JIT)
+def keep_thin_root(r: np.ndarray, root: np.ndarray, n: int, stride: int, root_slots: int) -> int:
+    """Keep grid point ``n``'s ``root`` in the rows ``r`` of a thin run if ``n`` is a multiple of ``stride``; when
+    the ``root_slots`` rows are full, every other row is dropped first and the stride doubles. Returns the stride."""
+    if n % stride == 0:
+        j = n // stride
+        if j == root_slots:
+            half = root_slots // 2
+            for i in range(1, half):
+                r[i] = r[2 * i]
+            stride *= 2
+            j = half
+        r[j] = root
+    return stride
 
 
 @nb.njit(inline="always", **INLINE_JIT)
 def forward_pass(
     field: VectorField, mu0: np.ndarray, r0: np.ndarray, rq: np.ndarray, q: int, d: int, diffusion: Diffusion,
-    control: Stepping, stops: np.ndarray, keep: bool,
+    control: Stepping, stops: np.ndarray, keep: bool, root_slots: int,
 ) -> tuple[ForwardRun, ForwardStats]:
     """Forward pass of the EK0/EK1 square-root filter from ``N(mu0, 0)`` at ``stops[0]``, with the state-space
     structure of the zero root ``r0`` (:mod:`.structure`).
@@ -132,7 +163,11 @@ def forward_pass(
     flags (one extra evaluation of ``f`` per step). Adaptive steps stop with ``STATUS_JUMP_IN_T`` before a
     step across a jump of ``f`` in ``t`` (:func:`~.stepping.jumps_in_t`). The local error is estimated on
     every step when the steps are adaptive, the diffusion is local or ``control.report_error`` asks for it.
-    With ``keep`` the run keeps every step's predictions, linearisation and prior coefficients.
+    With ``keep`` the run keeps every step's predictions, linearisation and prior coefficients. ``root_slots > 0``
+    (with ``keep``) makes a thin run for a checkpointed sweep: no predicted roots, and filtered roots only at every
+    ``run.root_stride``-th point, in at most ``root_slots`` (even) rows; when they fill, every other one is dropped
+    and the stride doubles (:func:`keep_thin_root`), so a run of ``N`` points keeps them at most ``2 N / root_slots``
+    apart (more than ``root_slots / 2`` of them once any was dropped).
 
     Returns the run, cut to its accepted steps (the last state is where a failed solve stopped), and
     its :data:`ForwardStats`.
@@ -143,10 +178,13 @@ def forward_pass(
     estimate = adaptive or local or control.report_error
     rhs, theta = field.rhs, field.theta
     cap = n_stops if not adaptive else max(64, 2 * n_stops)
-    run = allocate_run(cap, q, d, keep, r0)
+    thin = root_slots > 0
+    run = allocate_run(cap, q, d, keep, r0, root_slots)
     # The run's arrays as locals: numba counts a reference at every read of a tuple member, so the loop
     # reads none.
-    grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa_used, local_kappas = run
+    grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa_used, local_kappas, _ = run
+    ring = np.zeros((2 if thin else 0,) + root_shape(r0, q, d))  # a thin run's last two roots
+    stride = 1
     grid[0] = stops[0]
     stop[0] = 0
     mu[0] = mu0
@@ -184,8 +222,12 @@ def forward_pass(
             p = n + 1  # the slot of the step's results
             s = p if keep else 0  # its slot among the kept arrays
             # one view per row and step (every view is a counted reference)
-            step, mu_prev, r_prev, mu_p, r_p = steps[s], mu[n], r[n], mu[p], r[p]
-            mu_pred_p, r_pred_p, lin_p, zhat_p = mu_pred[s], r_pred[s], lin[s], zhat[s]
+            step, mu_prev, mu_p = steps[s], mu[n], mu[p]
+            mu_pred_p, lin_p, zhat_p = mu_pred[s], lin[s], zhat[s]
+            if thin:
+                r_prev, r_p, r_pred_p = ring[n & 1], ring[p & 1], r_pred[0]
+            else:
+                r_prev, r_p, r_pred_p = r[n], r[p], r_pred[s]
             if keep and n > 0 and h_try == grid[n] - grid[n - 1]:  # equal steps: skip the powers
                 step[:2] = steps[n, :2]
             elif keep or h_try != h_coeffs:
@@ -249,11 +291,14 @@ def forward_pass(
             if hit_stop:
                 stop[n] = next_stop
                 next_stop += 1
+            if thin:
+                stride = keep_thin_root(r, r_p, n, stride, root_slots)
         if full:
-            cap *= 2
-            run = _grow_run(run, cap, keep)
-            grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa_used, local_kappas = run
-    return _truncate_run(run, n + 1, keep), ForwardStats(n, n_rej, n_f, status, stat_sum, max_err, n_at_equilibrium)
+            cap = min(2 * cap, control.max_steps + 1) if adaptive else 2 * cap  # (no more rows than steps allowed)
+            run = _grow_run(run, cap, keep, root_slots)
+            grid, stop, mu, r, mu_pred, r_pred, lin, zhat, steps, kappa_used, local_kappas, _ = run
+    return (_truncate_run(run, n + 1, keep, stride if thin else 0),
+            ForwardStats(n, n_rej, n_f, status, stat_sum, max_err, n_at_equilibrium))
 
 
 @nb.njit(inline="always", **INLINE_JIT)
@@ -261,44 +306,74 @@ def refilter(field: VectorField, run: ForwardRun, rq: np.ndarray, q: int, d: int
         ForwardRun, bool]:
     """The filter again over the grid of a kept ``run``, with diffusion ``kappas[n]`` on the step ending at grid[n].
 
-    Returns the new run (same grid and coefficients) and whether it stayed finite.
+    Returns the new run (same grid and coefficients, thin like ``run``) and whether it stayed finite.
     """
     grid = run.grid
     n_pts = grid.shape[0]
     steps = run.step.copy()
+    stride = run.root_stride
     new = ForwardRun(grid, run.stop, np.empty_like(run.mu), np.zeros_like(run.r), np.empty_like(run.mu_pred),
                      np.empty_like(run.r_pred), np.zeros_like(run.lin), np.empty_like(run.zhat), steps, kappas,
-                     run.local_kappa)
-    _, _, mu, r, mu_pred, r_pred, lin, zhat, _, _, _ = new
+                     run.local_kappa, stride)
+    _, _, mu, r, mu_pred, r_pred, lin, zhat, _, _, _, _ = new
     mu[0] = run.mu[0]
+    ring = np.zeros((2 if stride > 0 else 0,) + run.r.shape[1:])  # a thin run's last two roots
     xi, fx, jac = linearisation_work(d)
     m_pred, m_upd, w = step_work(*block_rows(run.r[0], q, d))
     for p in range(1, n_pts):
+        if stride > 0:
+            r_prev, r_p, r_pred_p = ring[(p - 1) & 1], ring[p & 1], r_pred[0]
+        else:
+            r_prev, r_p, r_pred_p = r[p - 1], r[p], r_pred[p]
         step = steps[p]
         step[2, 0] = math.sqrt(kappas[p])
         apply_transition(step, q, d, mu[p - 1], mu_pred[p])
         linearise(field, grid[p], mu_pred[p], d, xi, fx, jac, lin[p], zhat[p])
-        predict_roots(r[p - 1], step, rq, q, d, m_pred, r_pred[p])
-        stat = update_roots(r_pred[p], mu_pred[p], lin[p], zhat[p], q, d, m_upd, w, mu[p], r[p])
-        if not update_finite(stat, mu[p], r[p]):
+        predict_roots(r_prev, step, rq, q, d, m_pred, r_pred_p)
+        stat = update_roots(r_pred_p, mu_pred[p], lin[p], zhat[p], q, d, m_upd, w, mu[p], r_p)
+        if not update_finite(stat, mu[p], r_p):
             return new, False
+        if stride > 0 and p % stride == 0:
+            r[p // stride] = r_p
     return new, True
 
 
 @nb.njit(**INLINE_JIT)
 def rescale_roots(run: ForwardRun, kappa: float) -> None:
     """Global calibration: covariances of a filter with ``Σ₀ = 0`` scale with ``κ`` and its means do not, so a
-    unit-diffusion run becomes the run at ``κ`` by scaling every root by ``√κ`` (in place)."""
+    unit-diffusion run becomes the run at ``κ`` by scaling every root by ``√κ`` (in place; a thin run's
+    recomputed roots then follow from its kept ones and the rescaled coefficients, to rounding)."""
     sqrt_kappa = math.sqrt(kappa)
     r, r_pred, steps, kappas = run.r, run.r_pred, run.step, run.kappa
-    n_pts = r.shape[0]
-    kept = r_pred.shape[0] == n_pts  # the predictions too (a run for the adjoints)
+    n_pts = run.grid.shape[0]
+    for j in range(1, r.shape[0]):
+        r[j] *= sqrt_kappa
     for n in range(1, n_pts):
         kappas[n] = kappa
-        r[n] *= sqrt_kappa
-        if kept:
+        if r_pred.shape[0] == n_pts:  # the predictions too (a run for the adjoints)
             r_pred[n] *= sqrt_kappa
+        if steps.shape[0] == n_pts:
             steps[n, 2, 0] = sqrt_kappa
+
+
+@nb.njit(**INLINE_JIT)
+def interval_roots(run: ForwardRun, a: int, b: int, rq: np.ndarray, q: int, d: int) -> ForwardRun:
+    """The grid points ``a, ..., b`` of a thin ``run`` (``a`` a multiple of its ``root_stride``) with every root and
+    predicted root, recomputed from the root kept at ``a`` with the run's coefficients, predicted means and
+    linearisations: the operations of the pass that made the run, on the same inputs (no vector field)."""
+    e = b + 1
+    roots = np.empty((e - a,) + run.r.shape[1:])
+    roots_pred = np.zeros_like(roots)
+    roots[0] = run.r[a // run.root_stride]
+    steps, mu_pred, lin, zhat = run.step, run.mu_pred, run.lin, run.zhat
+    m_pred, m_upd, w = step_work(*block_rows(run.r[0], q, d))
+    mu_work = np.empty(run.mu.shape[1])
+    for i in range(1, e - a):
+        p = a + i
+        predict_roots(roots[i - 1], steps[p], rq, q, d, m_pred, roots_pred[i])
+        update_roots(roots_pred[i], mu_pred[p], lin[p], zhat[p], q, d, m_upd, w, mu_work, roots[i])
+    return ForwardRun(run.grid[a:e], run.stop[a:e], run.mu[a:e], roots, mu_pred[a:e], roots_pred, lin[a:e],
+                      zhat[a:e], steps[a:e], run.kappa[a:e], run.local_kappa[a:e], 0)
 
 
 _DIFFUSION_T = nb.types.NamedTuple([nb.int64, nb.float64], Diffusion)
@@ -312,7 +387,7 @@ def _run_filter(field, mu0, r0, rq, diffusion, control, stops):
     """
     q = rq.shape[0] - 1
     d = mu0.shape[0] // (q + 1)
-    return forward_pass(field, mu0, r0, rq, q, d, diffusion, control, stops, False)
+    return forward_pass(field, mu0, r0, rq, q, d, diffusion, control, stops, False, 0)
 
 
 # Explicit signatures: the vector field arrives as addresses of C callbacks (:mod:`pymc_pnode._callbacks`), so

@@ -55,8 +55,8 @@ __all__ = ["Fenrir", "FenrirProblem", "StepControl", "fenrir_diagnostics", "fenr
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-6
 DEFAULT_MAX_STEPS = 20_000
-# Bytes a dense model's reverse sweep may hold for its data phase (five D×D matrices per grid point) before it is
-# recomputed in intervals instead (checkpointing; ``memory_budget`` of pn.Fenrir and pn.fenrir_loglik).
+# Bytes a dense model's evaluation may store (its forward run, and a gradient's data phase) before it keeps roots only
+# at checkpoints and recomputes the rest in intervals (``memory_budget`` of pn.Fenrir and pn.fenrir_loglik).
 DEFAULT_MEMORY_BUDGET = 2.0**30
 # Closest allowed stops (t0, observation times and discontinuities), relative to the time span: a step ~1e-8 of
 # the span after one ~1e-2 makes the filter's covariances ill-conditioned (likelihoods off by hundreds of nats).
@@ -223,7 +223,8 @@ class FenrirProblem:
 
     def _run_kernel(self, args: FenrirArguments):
         """The kernel's outputs and the kernel that produced them: the checkpointed one when the default one says
-        that the reverse sweep would exceed :attr:`memory_budget` (a forward pass more, only for such sweeps)."""
+        that the evaluation would store more than :attr:`memory_budget` (with error control, the steps that fit in
+        it are stepped twice)."""
         out = self.kernel(self.functions, args, self.initial_root)
         if int(out[3][4]) != STATUS_CHECKPOINTS:
             return out, self.kernel
@@ -633,12 +634,14 @@ def fenrir_loglik(
         strictly increasing and after ``t0`` (those at or after ``times[-1]`` are dropped with their rows); an
         observation at a jump time is of the state just before the jump. The gradient includes ``jumps``.
     memory_budget : float, default 2**30
-        Bytes that the reverse sweep of a dense model (``structure="dense"``) may hold for its data phase, five
-        ``D×D`` matrices per grid point (``D = d (q + 1)``). A sweep that would need more is checkpointed: it keeps
-        the data filter's state only every ``≈ √(0.4 N)`` of its ``N`` grid points and recomputes each interval
-        when its adjoint needs it (the same numbers; the data filter runs three times, its adjoint twice). The
-        forward pass and its predictions (two ``D×D`` matrices per point, four with the local diffusion) are kept.
-        Block-diagonal and isotropic structures store ``O(d q²)`` per point and never need it.
+        Bytes that an evaluation of a dense model (``structure="dense"``) may store: per grid point, two ``D×D``
+        matrices of the forward pass (four with the local diffusion) and, for a gradient, five of the data phase
+        (``D = d (q + 1)``). One that would need more is checkpointed: the forward pass keeps its roots only at
+        checkpoints (about an eighth of the budget; every other one is dropped when they fill) and the kernel
+        recomputes them, with the data filter's store, interval by interval when a pass reaches the interval (the
+        same numbers to rounding; roots are recomputed up to four times, the data filter runs three times and its
+        adjoint twice). It then holds about half the budget, plus one interval. Block-diagonal and isotropic
+        structures store ``O(d q²)`` per point and never need it.
     pointwise : bool, default False
         Return the vector of per-observation-time terms (prediction-error decomposition) instead
         of their sum.
