@@ -1,6 +1,7 @@
 """Diffusion-tempering paper (Beck et al., ICML 2024), Table 1: pendulum (1 parameter),
-Lotka-Volterra (2 and 4 parameters) and the single-compartment Hodgkin-Huxley model with 1-3 parameters
-(``HH1``-``HH3``), notes 002 §10.4-10.5. Used by ``fenrir_dt_table1.ipynb``.
+Lotka-Volterra (2 and 4 parameters), the single-compartment Hodgkin-Huxley model with 1-3 parameters
+(``HH1``-``HH3``) and 6 (``HH6``, seven states) and the two-compartment one with 4 and 6 (``HH2C4``, ``HH2C6``),
+notes 002 §10.4-10.5. Used by ``fenrir_dt_table1.ipynb``.
 
 For every random initialisation (drawn uniformly from the parameter box) these estimators are run:
 
@@ -103,30 +104,110 @@ HH_STEP = 0.005
 HH_JUMPS = (10.0, 90.0)
 
 
-def _hh_rates(v, exp):
+def _hh_rates(v, exp, v_t=HH_FIXED["v_t"]):
     """The gates' opening and closing rates (α_m, β_m, α_n, β_n, α_h, β_h) at voltage ``v``."""
-    u = v - HH_FIXED["v_t"]
+    u = v - v_t
     return (-0.32 * (u - 13.0) / (exp(-(u - 13.0) / 4.0) - 1.0), 0.28 * (u - 40.0) / (exp((u - 40.0) / 5.0) - 1.0),
             -0.032 * (u - 15.0) / (exp(-(u - 15.0) / 5.0) - 1.0), 0.5 * exp(-(u - 10.0) / 40.0),
             0.128 * exp(-(u - 17.0) / 18.0), 4.0 / (exp(-(u - 40.0) / 5.0) + 1.0))
 
 
+def _gate_derivatives(v, gates, exp, v_t=HH_FIXED["v_t"]):
+    """``dz/dt = α_z (1 − z) − β_z z`` of the gates ``(m, n, h)``."""
+    am, bm, an, bn, ah, bh = _hh_rates(v, exp, v_t)
+    m, n, h = gates
+    return [am * (1.0 - m) - bm * m, an * (1.0 - n) - bn * n, ah * (1.0 - h) - bh * h]
+
+
+def _sodium_potassium_leak(g, v, gates):
+    """The simple model's membrane current density
+    ``g_Na m³h (E_Na − V) + g_K n⁴ (E_K − V) + g_leak (E_leak − V)``."""
+    m, n, h = gates
+    return (g["g_na"] * m**3 * h * (g["e_na"] - v) + g["g_k"] * n**4 * (g["e_k"] - v)
+            + g["g_leak"] * (g["e_leak"] - v))
+
+
+def _stimulus(t, where, area):
+    """The 210 pA step current between 10 and 90 ms as a density over ``area``."""
+    return where((t >= 10.0) * (t < 90.0), HH_FIXED["current"] / area, 0.0)
+
+
 def _hh_field(y, t, p, exp, where):
     """``dy/dt`` written once for PyTensor (``exp=pt.exp, where=pt.switch``) and NumPy."""
     g = dict(HH_FIXED, **{name: p[i] for i, name in enumerate(HH_FREE[: len(p)])})
-    v, m, n, h = y[0], y[1], y[2], y[3]
-    am, bm, an, bn, ah, bh = _hh_rates(v, exp)
-    stimulus = where((t >= 10.0) * (t < 90.0), g["current"] / g["area"], 0.0)
-    dv = (g["g_na"] * m**3 * h * (g["e_na"] - v) + g["g_k"] * n**4 * (g["e_k"] - v)
-          + g["g_leak"] * (g["e_leak"] - v) + stimulus) / g["C"]
-    return [dv, am * (1.0 - m) - bm * m, an * (1.0 - n) - bn * n, ah * (1.0 - h) - bh * h]
+    v, gates = y[0], (y[1], y[2], y[3])
+    dv = (_sodium_potassium_leak(g, v, gates) + _stimulus(t, where, g["area"])) / g["C"]
+    return [dv, *_gate_derivatives(v, gates, exp)]
 
 
-def _hh_initial_state() -> np.ndarray:
+# The paper's HH_1 row with 6 parameters (its script hh-6p-red_pospischil-*: Pospischil et al.'s model without the
+# T-type calcium current, 7 states (V, m, n, h, p, q, r); DT Table 6 lists g_Na twice, the script estimates
+# (g_Na, g_K, g_leak, V_T, g_M, g_L) = (25, 7, 0.05, -60, 0.1, 0.01) with τ_max = 1000 ms and E_Ca = 120 mV; the box
+# is the script's (its g_leak bound 0.6, where DT Table 5 says 0.8, and a g_L bound of -1e-4, below zero).
+HH6_FREE = ("g_na", "g_k", "g_leak", "v_t", "g_m", "g_l")
+HH6_TRUE = dict(g_na=25.0, g_k=7.0, g_leak=0.05, v_t=-60.0, g_m=0.1, g_l=0.01)
+HH6_BOUNDS = dict(g_na=(0.5, 80.0), g_k=(1e-4, 15.0), g_leak=(1e-4, 0.6), v_t=(-90.0, -40.0), g_m=(1e-4, 0.6),
+                  g_l=(-1e-4, 0.6))
+HH6_FIXED = dict(tau_max=1000.0, e_ca=120.0)
+
+
+def _slow_gate_rates(v, exp):
+    """``(p_∞, τ_p)`` of the M current at ``τ_max`` and ``(α_q, β_q, α_r, β_r)`` of the L-type calcium current."""
+    w = (v + 35.0) / 20.0
+    p_inf = 1.0 / (1.0 + exp(-(v + 35.0) / 10.0))
+    tau_p = HH6_FIXED["tau_max"] / (3.3 * exp(w) + exp(-w))
+    return (p_inf, tau_p, 0.055 * (-27.0 - v) / (exp((-27.0 - v) / 3.8) - 1.0), 0.94 * exp((-75.0 - v) / 17.0),
+            0.000457 * exp((-13.0 - v) / 50.0), 0.0065 / (exp((-15.0 - v) / 28.0) + 1.0))
+
+
+def _pospischil_field(y, t, p, exp, where):
+    """The 7-state model of the HH_1 6-parameter row, written once for PyTensor and NumPy."""
+    g = dict(HH_FIXED, **{name: p[i] for i, name in enumerate(HH6_FREE)})
+    v, gates, slow = y[0], (y[1], y[2], y[3]), (y[4], y[5], y[6])
+    p_inf, tau_p, aq, bq, ar, br = _slow_gate_rates(v, exp)
+    currents = (_sodium_potassium_leak(g, v, gates) + g["g_m"] * slow[0] * (g["e_k"] - v)
+                + g["g_l"] * slow[1] ** 2 * slow[2] * (HH6_FIXED["e_ca"] - v))
+    dv = (currents + _stimulus(t, where, g["area"])) / g["C"]
+    return [dv, *_gate_derivatives(v, gates, exp, g["v_t"]), (p_inf - slow[0]) / tau_p,
+            aq * (1.0 - slow[1]) - bq * slow[1], ar * (1.0 - slow[2]) - br * slow[2]]
+
+
+# The paper's HH_2 rows (scripts hh-4p-2comp-* and hh-6p-2comp-*, DT §A5.3.1): two simple compartments of half the
+# area each, coupled by the cable matrix [[-1, 1], [1, -1]] (added to dV/dt, per ms), the stimulus into the first
+# only, both voltages observed. Estimated: (g_Na, g_K) of each compartment (true 25, 7 and 20, 10), and with 6
+# parameters (g_Na, g_K, g_leak) of each (g_leak 0.09 and 0.11).
+HH2C_TRUE = {4: ((25.0, 7.0), (20.0, 10.0)), 6: ((25.0, 7.0, 0.09), (20.0, 10.0, 0.11))}
+HH2C_BOUNDS = dict(g_na=(0.5, 80.0), g_k=(1e-4, 15.0), g_leak=(1e-4, 0.6))  # the scripts' box
+HH2C_COUPLING = 1.0
+
+
+def _two_compartment_field(y, t, p, exp, where):
+    """``dy/dt`` of the two coupled compartments, states ``(V, m, n, h)`` of each; ``p`` holds 2 or 3 conductances
+    of each compartment in turn."""
+    k = len(p) // 2
+    area = HH_FIXED["area"] / 2.0
+    out = []
+    for c in range(2):
+        g = dict(HH_FIXED, **{name: p[c * k + i] for i, name in enumerate(HH_FREE[:k])})
+        v, gates = y[4 * c], (y[4 * c + 1], y[4 * c + 2], y[4 * c + 3])
+        dv = _sodium_potassium_leak(g, v, gates) / g["C"] + HH2C_COUPLING * (y[4 * (1 - c)] - v)
+        if c == 0:
+            dv = dv + _stimulus(t, where, area) / g["C"]
+        out += [dv, *_gate_derivatives(v, gates, exp)]
+    return out
+
+
+def _hh_initial_state(v_t: float = HH_FIXED["v_t"]) -> np.ndarray:
     """V(0) = -70 mV and every gate at its steady state ``α / (α + β)`` there."""
     v0 = -70.0
-    am, bm, an, bn, ah, bh = _hh_rates(v0, np.exp)
+    am, bm, an, bn, ah, bh = _hh_rates(v0, np.exp, v_t)
     return np.array([v0, am / (am + bm), an / (an + bn), ah / (ah + bh)])
+
+
+def _pospischil_initial_state() -> np.ndarray:
+    """The simple model's initial state and the slow gates ``(p, q, r)`` at their steady states at -70 mV."""
+    p_inf, _, aq, bq, ar, br = _slow_gate_rates(-70.0, np.exp)
+    return np.concatenate([_hh_initial_state(HH6_TRUE["v_t"]), [p_inf, aq / (aq + bq), ar / (ar + br)]])
 
 
 def _hh_problem(n_free: int, error_control: bool = False) -> dict:
@@ -140,6 +221,30 @@ def _hh_problem(n_free: int, error_control: bool = False) -> dict:
         fenrir=dict(step=None, discontinuities=HH_JUMPS) if error_control else dict(step=HH_STEP),
         theta_true=np.array([HH_FIXED[k] for k in names]), names=names,
         lb=np.array([bounds[k][0] for k in names]), ub=np.array([bounds[k][1] for k in names]),
+    )
+
+
+def _hh6_problem() -> dict:
+    return dict(
+        name="Hodgkin-Huxley (Pospischil, 7 states), 6 parameters",
+        func=lambda y, t, p: _pospischil_field(y, t, p, pt.exp, pt.switch),
+        func_np=lambda t, y, p: _pospischil_field(y, t, p, np.exp, np.where),
+        y0=_pospischil_initial_state(), t_end=100.0, H=np.eye(7)[:1], fenrir=dict(step=HH_STEP),
+        theta_true=np.array([HH6_TRUE[k] for k in HH6_FREE]), names=list(HH6_FREE),
+        lb=np.array([HH6_BOUNDS[k][0] for k in HH6_FREE]), ub=np.array([HH6_BOUNDS[k][1] for k in HH6_FREE]),
+    )
+
+
+def _two_compartment_problem(n_free: int) -> dict:
+    per = HH_FREE[: n_free // 2]
+    names = [f"{name}_{c + 1}" for c in range(2) for name in per]
+    return dict(
+        name=f"Hodgkin-Huxley, two compartments, {n_free} parameters",
+        func=lambda y, t, p: _two_compartment_field(y, t, p, pt.exp, pt.switch),
+        func_np=lambda t, y, p: _two_compartment_field(y, t, p, np.exp, np.where),
+        y0=np.tile(_hh_initial_state(), 2), t_end=100.0, H=np.eye(8)[[0, 4]], fenrir=dict(step=HH_STEP),
+        theta_true=np.concatenate(HH2C_TRUE[n_free]), names=names,
+        lb=np.array([HH2C_BOUNDS[k][0] for k in per] * 2), ub=np.array([HH2C_BOUNDS[k][1] for k in per] * 2),
     )
 
 
@@ -163,6 +268,8 @@ PROBLEMS = {
     ),
     **{f"HH{k}": _hh_problem(k) for k in (1, 2, 3)},
     **{f"HH{k}-EC": _hh_problem(k, error_control=True) for k in (1, 2, 3)},
+    "HH6": _hh6_problem(),  # the paper's HH_1 row with 6 parameters
+    **{f"HH2C{k}": _two_compartment_problem(k) for k in (4, 6)},  # its HH_2 rows
 }
 
 
