@@ -210,13 +210,19 @@ def _pospischil_initial_state() -> np.ndarray:
     return np.concatenate([_hh_initial_state(HH6_TRUE["v_t"]), [p_inf, aq / (aq + bq), ar / (ar + br)]])
 
 
+def _both_backends(field) -> dict:
+    """A problem's ``func`` (PyTensor, ``y, t, p``) and ``func_np`` (NumPy, scipy's ``t, y, p``) from a field written
+    once as ``field(y, t, p, exp, where)``."""
+    return dict(func=lambda y, t, p: field(y, t, p, pt.exp, pt.switch),
+                func_np=lambda t, y, p: field(y, t, p, np.exp, np.where))
+
+
 def _hh_problem(n_free: int, error_control: bool = False) -> dict:
     bounds = {"g_na": (0.5, 80.0), "g_k": (1e-4, 15.0), "g_leak": (1e-4, 0.8)}  # DT Table 5
     names = list(HH_FREE[:n_free])
     return dict(
         name=f"Hodgkin-Huxley, {n_free} parameter{'s' * (n_free > 1)}{', error-controlled Fenrir' * error_control}",
-        func=lambda y, t, p: _hh_field(y, t, p, pt.exp, pt.switch),
-        func_np=lambda t, y, p: _hh_field(y, t, p, np.exp, np.where),
+        **_both_backends(_hh_field),
         y0=_hh_initial_state(), t_end=100.0, H=np.array([[1.0, 0.0, 0.0, 0.0]]),
         fenrir=dict(step=None, discontinuities=HH_JUMPS) if error_control else dict(step=HH_STEP),
         theta_true=np.array([HH_FIXED[k] for k in names]), names=names,
@@ -227,8 +233,7 @@ def _hh_problem(n_free: int, error_control: bool = False) -> dict:
 def _hh6_problem() -> dict:
     return dict(
         name="Hodgkin-Huxley (Pospischil, 7 states), 6 parameters",
-        func=lambda y, t, p: _pospischil_field(y, t, p, pt.exp, pt.switch),
-        func_np=lambda t, y, p: _pospischil_field(y, t, p, np.exp, np.where),
+        **_both_backends(_pospischil_field),
         y0=_pospischil_initial_state(), t_end=100.0, H=np.eye(7)[:1], fenrir=dict(step=HH_STEP),
         theta_true=np.array([HH6_TRUE[k] for k in HH6_FREE]), names=list(HH6_FREE),
         lb=np.array([HH6_BOUNDS[k][0] for k in HH6_FREE]), ub=np.array([HH6_BOUNDS[k][1] for k in HH6_FREE]),
@@ -240,8 +245,7 @@ def _two_compartment_problem(n_free: int) -> dict:
     names = [f"{name}_{c + 1}" for c in range(2) for name in per]
     return dict(
         name=f"Hodgkin-Huxley, two compartments, {n_free} parameters",
-        func=lambda y, t, p: _two_compartment_field(y, t, p, pt.exp, pt.switch),
-        func_np=lambda t, y, p: _two_compartment_field(y, t, p, np.exp, np.where),
+        **_both_backends(_two_compartment_field),
         y0=np.tile(_hh_initial_state(), 2), t_end=100.0, H=np.eye(8)[[0, 4]], fenrir=dict(step=HH_STEP),
         theta_true=np.concatenate(HH2C_TRUE[n_free]), names=names,
         lb=np.array([HH2C_BOUNDS[k][0] for k in per] * 2), ub=np.array([HH2C_BOUNDS[k][1] for k in per] * 2),
