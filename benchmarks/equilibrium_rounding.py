@@ -4,8 +4,9 @@ Logistic growth ``y' = r y (1 − y / K)`` (r = 0.8, K = 10) observed at t = 1, 
 ``y0 = K + δ``: at δ = 0 every residual is exactly zero (an exact equilibrium, counted and warned by the package);
 for δ of a few ulps ``f(y0)`` is the rounding error of its cancelling terms, and the local diffusions estimated
 from such residuals are rounding noise with derivatives ≈ 1e15 times their size. Since the rounding floor of the
-local diffusion also counts the scale of those terms (``calibration.rounding_kappa``: ``Σ_a |L_ka ξ_a|`` and
-``|ξ_k| / h``), such steps take the floor.
+local diffusion also counts the scale of those terms (``calibration.rounding_kappa``: ``Σ_a |L_ka ξ_a|`` for the
+EK1, the running bound ``T(f_k)`` of f's rounding for the EK0, ``pymc_pnode._rounding_bound``), such steps take the
+floor.
 
 For each solver (EK1 dense and diagonal, EK0 dense and isotropic) and each setting (a fixed step 0.25 with the
 local diffusion; the defaults: error control, local diffusion) the table gives the gradient in ``y0``, the value's

@@ -13,7 +13,7 @@ from pytensor.graph.traversal import applys_between
 from pytensor.printing import debugprint
 from pytensor.tensor.subtensor import Subtensor, get_constant_idx
 
-from pymc_pnode import _codegen, _taylor_mode
+from pymc_pnode import _codegen, _rounding_bound, _taylor_mode
 from pymc_pnode._callbacks import CompiledFunction
 
 __all__ = ["ODE"]
@@ -125,6 +125,7 @@ class ODE:
         self._hess = None
         self._hess_rows = None
         self._contract = None
+        self._term_scale = None
         self._first_derivatives: tuple[list[list[Variable]], list[list[Variable]]] | None = None
         self._canonical_first_derivatives: tuple[list[list[Variable]], list[list[Variable]]] | None = None
         self._taylor_mode: dict[str, bool] = {}  # name → whether the field has its Taylor-mode function
@@ -412,6 +413,38 @@ class ODE:
             self._contract = self._compiled(self._native("contract", lambda: [self._hess_contract_source()]),
                                             "hess_contract", (d, d), (d,), (k,))
         return self._contract
+
+    @property
+    def term_scale(self) -> tuple[CompiledFunction, CompiledFunction]:
+        r"""``(term_scale, term_scale_vjp)``: a running bound of the rounding error of :math:`f` and its derivatives.
+
+        ``term_scale(y, t, p, out)`` writes :math:`T(f_i)` into ``out`` (shape ``(d,)``), so that the computed
+        :math:`f_i` is within :math:`\varepsilon\, T(f_i)` of the exact value to first order, counting the rounding
+        of ``y`` itself (:mod:`pymc_pnode._rounding_bound`; Higham, 2002, §3.3): the scale of :math:`f`'s terms,
+        which cancel near an equilibrium. ``term_scale_vjp(y, t, p, w, out_y, out_p)`` writes the gradients of
+        :math:`\sum_i w_i T(f_i)` with respect to ``y`` and ``p``. The EK0's rounding floor of the local
+        diffusion calls them (:func:`~pymc_pnode.filtering.calibration.rounding_kappa`); compiled on first use.
+        """
+        if self._term_scale is None:
+            d, k = self.n_states, self.n_theta
+
+            def functions():
+                bounds = _rounding_bound.term_magnitudes(self._y, [self._t, *self._p], self._f)
+                return [self._gen("term_scale", {"out": bounds}, {"out": (d,)}),
+                        self._vjp_source("term_scale_vjp", bounds, (d,))]
+
+            module = self._native(f"terms-{_rounding_bound.VERSION}", functions)
+            self._term_scale = (self._compiled(module, "term_scale", (d,)),
+                                self._compiled(module, "term_scale_vjp", (d,), (d,), (k,)))
+        return self._term_scale
+
+    def term_scale_addresses(self, needed: bool) -> tuple[int, int]:
+        """Addresses of :attr:`term_scale`'s two functions, as kernels take them, or ``(0, 0)`` when not ``needed``
+        (only an EK0 that calibrates local diffusions reads them; nothing is compiled then)."""
+        if not needed:
+            return 0, 0
+        value, vjp = self.term_scale
+        return value.address, vjp.address
 
     def _hessians(self):
         if self._hess is None:

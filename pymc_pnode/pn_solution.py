@@ -173,8 +173,9 @@ class PNSolutionProblem:
             hess_y, hess_p = ode.hess_yy.address, ode.hess_yp.address
         else:  # the block-diagonal EK1 needs the rows ∂²f_i/∂y_i∂(y, θ) only
             hess_y, hess_p = ode.hess_rows_y.address, ode.hess_rows_p.address
-        field = TangentField(*ode.field_addresses, hess_y, hess_p, theta, ek1)
         mode = solve_diffusion_mode(self.diffusion, self.step is None)[0]
+        scale = ode.term_scale_addresses(not ek1 and mode == DIFFUSION_LOCAL)
+        field = TangentField(*ode.field_addresses, hess_y, hess_p, *scale, theta, ek1)
         dmean, dvar, dstat, rounding = tangents(field, run, steps, readonly(self.solver.prior.Q_bar_sqrt),
                                                 mode == DIFFUSION_LOCAL)
         cov, dcov = np.zeros((n_out, d, 0, d)), np.zeros((n_out, d, 0, d, n_dir))

@@ -702,7 +702,8 @@ def solve_without_warnings(ode: ODE, y0, theta, t_span, *, solver: ODEFilter | N
         h0 = initial_step_size(ode.rhs.address, y0, t0, theta, float(rtol), float(atol)) if adaptive else 0.0
         stepping = Stepping(adaptive, min(h0, t1 - t0), float(rtol), float(atol), max_steps, True)
         kernel = run_filter if solver.structure == DENSE else run_block_filter
-        vector_field = VectorField(ode.rhs.address, ode.jac_y.address, theta, solver.ek1)
+        scale = ode.term_scale_addresses(not solver.ek1 and mode == DIFFUSION_LOCAL)[0]
+        vector_field = VectorField(ode.rhs.address, ode.jac_y.address, scale, theta, solver.ek1)
         run, counts = kernel(vector_field, mu0, r0, prior.Q_bar_sqrt, Diffusion(mode, kappa), stepping, grid)
     sigma2 = kappa
     if mode == DIFFUSION_GLOBAL:

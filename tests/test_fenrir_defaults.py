@@ -379,13 +379,15 @@ def test_a_solution_moving_against_its_derivatives_is_solved_again_or_warned(mon
             assert counts.as_dict()["n_tightened"] == resolved
 
 
-@pytest.mark.parametrize("layout", ["dense", "diagonal"])
+@pytest.mark.parametrize("layout", ["dense", "diagonal", "ek0"])
 def test_rounding_floor_of_the_local_diffusion_and_its_adjoint(layout):
     """ρ = Σ_k (ε (|E1 μ⁻_k| + |f_k| + Σ_a |L_ka ξ_a|))² / c_kk / d with c = H Q Hᵀ as the local error computes it
-    (dense Jacobian, or its diagonal alone: then a = k only), and its adjoint in ẑ, L, E0 μ⁻ = ξ and E1 μ⁻ equal to
-    central differences."""
+    (dense Jacobian, or its diagonal alone: then a = k only; the EK0: L = 0 and the bound T(f_k) of f's rounding in
+    place of the last term), and its adjoint in ẑ, L, E0 μ⁻ = ξ, E1 μ⁻ and T(f) equal to central differences."""
     from pymc_pnode.filtering.calibration import (
         MACHINE_EPSILON,
+        FloorCotangents,
+        FloorInputs,
         local_defect_covariance,
         rounding_kappa,
         rounding_kappa_adjoint,
@@ -396,40 +398,45 @@ def test_rounding_floor_of_the_local_diffusion_and_its_adjoint(layout):
     q, d = 3, 3
     rq = np.triu(rng.standard_normal((q + 1, q + 1))) + 2 * np.eye(q + 1)
     step = new_step(0.3, 1.0, q)
-    jac = rng.standard_normal((d, d))
-    lin = jac if layout == "dense" else np.diag(jac)[:, None].copy()
+    jac = np.zeros((d, d)) if layout == "ek0" else rng.standard_normal((d, d))
+    lin = jac if layout != "diagonal" else np.diag(jac)[:, None].copy()
     zhat, mu_pred = rng.standard_normal(d), rng.standard_normal((q + 1) * d)
+    f_scale = rng.uniform(1.0, 3.0, d) if layout == "ek0" else np.empty(0)
     c = np.empty((d, d))
-    local_defect_covariance(step, rq, q, d, jac if layout == "dense" else np.diag(np.diag(jac)),
+    local_defect_covariance(step, rq, q, d, jac if layout != "diagonal" else np.diag(np.diag(jac)),
                             np.empty(((q + 1) * d, d)), c)
     dy, xi = mu_pred[d:2 * d], mu_pred[:d]
-    terms = np.abs(jac * xi) if layout == "dense" else np.diag(np.abs(np.diag(jac) * xi))
-    expected = np.sum((MACHINE_EPSILON * (np.abs(dy) + np.abs(dy - zhat) + terms.sum(axis=1))) ** 2 / np.diag(c)) / d
-    assert rounding_kappa(step, rq, q, d, lin, zhat, mu_pred) == pytest.approx(expected, rel=1e-12)
+    if layout == "ek0":
+        terms = f_scale
+    else:
+        terms = (np.abs(jac * xi) if layout == "dense" else np.diag(np.abs(np.diag(jac) * xi))).sum(axis=1)
+    expected = np.sum((MACHINE_EPSILON * (np.abs(dy) + np.abs(dy - zhat) + terms)) ** 2 / np.diag(c)) / d
+    inputs = dict(step=step, lin=lin, zhat=zhat, mu_pred=mu_pred, f_scale=f_scale)
+    assert rounding_kappa(FloorInputs(**inputs), rq, q, d) == pytest.approx(expected, rel=1e-12)
 
-    zbar, jbar, mbar = np.empty(d), np.empty((d, d)), np.zeros((q + 1) * d)
-    rounding_kappa_adjoint(2.0, step, rq, q, d, lin, zhat, mu_pred, zbar, jbar, mbar)
+    cot = FloorCotangents(np.empty(d), np.empty((d, d)), np.zeros((q + 1) * d), np.empty(f_scale.shape[0]))
+    rounding_kappa_adjoint(2.0, FloorInputs(**inputs), rq, q, d, cot)
 
-    def fd(array, index):
-        plus, minus = array.copy(), array.copy()
-        h = 1e-6 * max(1.0, abs(array[index]))
+    def fd(name, index):
+        plus, minus = inputs[name].copy(), inputs[name].copy()
+        h = 1e-6 * max(1.0, abs(plus[index]))
         plus[index] += h
         minus[index] -= h
-        args = dict(lin=lin, zhat=zhat, mu_pred=mu_pred)
-        name = next(k for k, v in args.items() if v is array)
-        return 2.0 * (rounding_kappa(step, rq, q, d, **{**args, name: plus})
-                      - rounding_kappa(step, rq, q, d, **{**args, name: minus})) / (2 * h)
+        return 2.0 * (rounding_kappa(FloorInputs(**{**inputs, name: plus}), rq, q, d)
+                      - rounding_kappa(FloorInputs(**{**inputs, name: minus}), rq, q, d)) / (2 * h)
 
     for k in range(d):
-        assert zbar[k] == pytest.approx(fd(zhat, k), rel=1e-6)
-        assert mbar[k] == pytest.approx(fd(mu_pred, k), rel=1e-6)
-        assert mbar[d + k] == pytest.approx(fd(mu_pred, d + k), rel=1e-6)
+        assert cot.zbar[k] == pytest.approx(fd("zhat", k), rel=1e-6)
+        assert cot.mbar_pred[k] == pytest.approx(fd("mu_pred", k), rel=1e-6, abs=1e-40)
+        assert cot.mbar_pred[d + k] == pytest.approx(fd("mu_pred", d + k), rel=1e-6)
+        if layout == "ek0":
+            assert cot.f_scale_bar[k] == pytest.approx(fd("f_scale", k), rel=1e-6)
         for a in range(d):
             if layout == "dense":
-                assert jbar[k, a] == pytest.approx(fd(lin, (k, a)), rel=1e-6)
-            elif a == k:
-                assert jbar[k, k] == pytest.approx(fd(lin, (k, 0)), rel=1e-6)
-    assert not mbar[2 * d:].any()
+                assert cot.jbar[k, a] == pytest.approx(fd("lin", (k, a)), rel=1e-6)
+            elif a == k and layout == "diagonal":
+                assert cot.jbar[k, k] == pytest.approx(fd("lin", (k, 0)), rel=1e-6)
+    assert not cot.mbar_pred[2 * d:].any()
 
 
 def test_quadrature_defect_is_small_for_a_consistent_mean_and_sees_one_that_is_not():

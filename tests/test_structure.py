@@ -99,9 +99,9 @@ def test_diagonal_ek1_equals_dense_ek1_with_the_jacobians_diagonal(chain_ode, ad
     stepping = Stepping(adaptive, 1e-3, 1e-6, 1e-8, 10_000, False)
     diffusion = Diffusion(DIFFUSION_FIXED, 0.5)
     diagonal_jacobian = _diagonal_of(chain_ode.jac_y, D)
-    dense_field = VectorField(chain_ode.rhs.address, diagonal_jacobian.address, THETA, True)
+    dense_field = VectorField(chain_ode.rhs.address, diagonal_jacobian.address, 0, THETA, True)
     dense_run, dense_stats = run_filter(dense_field, mu0, initial_root("dense", q, D), rq, diffusion, stepping, grid)
-    block_field = VectorField(chain_ode.rhs.address, chain_ode.jac_y.address, THETA, True)
+    block_field = VectorField(chain_ode.rhs.address, chain_ode.jac_y.address, 0, THETA, True)
     block_run, block_stats = run_block_filter(block_field, mu0, initial_root("diagonal", q, D), rq, diffusion,
                                               stepping, grid)
     assert dense_stats.status == block_stats.status == 0

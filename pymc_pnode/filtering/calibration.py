@@ -63,15 +63,28 @@ def _rounding_terms(step: np.ndarray, rq: np.ndarray, q: int, k: int, lin: np.nd
     return c_kk, dc_dj, u
 
 
+# What the rounding floor of one step reads: its prior coefficients ``step``, ``L`` (``lin``), ``ẑ``, ``μ⁻`` and,
+# for the EK0 (no Jacobian), ``T(f)`` at ``ξ = E0 μ⁻`` (``f_scale``, :attr:`pymc_pnode.ODE.term_scale`; else
+# length 0).
+FloorInputs = namedtuple("FloorInputs", ["step", "lin", "zhat", "mu_pred", "f_scale"])
+# Cotangents :func:`rounding_kappa_adjoint` writes: of ``ẑ``, ``L`` and ``T(f)``; it adds those of ``μ⁻``.
+FloorCotangents = namedtuple("FloorCotangents", ["zbar", "jbar", "mbar_pred", "f_scale_bar"])
+
+
 @nb.njit(**INLINE_JIT)
-def _rounding_scale(k: int, mu_pred: np.ndarray, zhat: np.ndarray, lin: np.ndarray, d: int, dense: bool) -> float:
-    """``s_k = |E1 μ⁻_k| + |f_k| + Σ_a |L_ka ξ_a|`` (``ξ = E0 μ⁻``; only ``a = k`` for a diagonal ``lin``): the scale
-    whose rounding error ``ε s_k`` a computed residual ``ẑ_k = E1 μ⁻_k − f_k`` cannot resolve. The last term is the
-    scale of ``f``'s own terms near an equilibrium, where they cancel: ``f = L ξ`` is a sum of such terms for a
-    linear field, and a rounding error of ``ξ`` alone moves ``f`` by ``ε Σ_a |L_ka ξ_a|``."""
+def _rounding_scale(k: int, x: FloorInputs, d: int, dense: bool) -> float:
+    """``s_k = |E1 μ⁻_k| + |f_k| + Σ_a |L_ka ξ_a|`` (``ξ = E0 μ⁻``; only ``a = k`` for a diagonal ``lin``), or with
+    ``T(f_k)`` in place of the last term when ``x.f_scale`` is given (the EK0): the scale whose rounding error
+    ``ε s_k`` a computed residual ``ẑ_k = E1 μ⁻_k − f_k`` cannot resolve. The last term is the scale of ``f``'s own
+    terms near an equilibrium, where they cancel: ``f = L ξ`` is a sum of such terms for a linear field, and a
+    rounding error of ``ξ`` alone moves ``f`` by ``ε Σ_a |L_ka ξ_a|``; ``ε T(f_k)`` bounds the rounding error of the
+    whole computed ``f_k`` (:mod:`pymc_pnode._rounding_bound`)."""
+    mu_pred, lin = x.mu_pred, x.lin
     dy = mu_pred[d + k]
-    s = abs(dy) + abs(dy - zhat[k])
-    if dense:
+    s = abs(dy) + abs(dy - x.zhat[k])
+    if x.f_scale.shape[0] > 0:
+        s += x.f_scale[k]
+    elif dense:
         for a in range(d):
             s += abs(lin[k, a] * mu_pred[a])
     else:
@@ -80,53 +93,57 @@ def _rounding_scale(k: int, mu_pred: np.ndarray, zhat: np.ndarray, lin: np.ndarr
 
 
 @nb.njit(**INLINE_JIT)
-def rounding_kappa(step: np.ndarray, rq: np.ndarray, q: int, d: int, lin: np.ndarray, zhat: np.ndarray,
-                   mu_pred: np.ndarray) -> float:
+def rounding_kappa(x: FloorInputs, rq: np.ndarray, q: int, d: int) -> float:
     """The local diffusion that a residual made of rounding alone would give, ``ρ = Σ_k (ε s_k)² / c_kk / d``:
     ``ε`` times the scale ``s_k = |E1 μ⁻_k| + |f_k| + Σ_a |L_ka ξ_a|`` of the terms of ``ẑ_k = E1 μ⁻_k − f_k``
-    (:func:`_rounding_scale`), ``c_kk`` the unit-diffusion defect variance of :func:`local_defect_covariance`
-    (``lin``: the Jacobian ``(d, d)`` or its diagonal ``(d, 1)``; zeros for the EK0).
+    (:func:`_rounding_scale`; the EK0 bounds the last term's part by ``T(f_k)``), ``c_kk`` the unit-diffusion defect
+    variance of :func:`local_defect_covariance` (``x.lin``: the Jacobian ``(d, d)`` or its diagonal ``(d, 1)``;
+    zeros for the EK0).
 
     A local diffusion below it is rounding noise, and so is its derivative. Where the prior represents the solution
     exactly (a polynomial, e.g. free fall) the residuals are 0 on one step and 1e-14 on the next, and diffusion
     ratios of 1e120 between neighbouring steps made the backward kernels singular (a Fenrir value 10³² nats off,
     measured). Within rounding of an equilibrium (logistic growth from ``K (1 + 1e-15)``) ``f`` is the rounding
     error of its cancelling terms, and the residuals' derivatives, ≈ 1e15 times their size, gave Fenrir gradients
-    of 1e11 where the derivative is 0.45 (measured; the ``|L ξ|`` term). The filters use ``max(κ_n, ρ_n)`` and
-    differentiate whichever they used (:func:`diffusion_source`)."""
-    dense = lin.shape[1] == d  # (d = 1: both layouts agree)
+    of 1e11 where the derivative is 0.45 (measured; the ``|L ξ|`` and ``T(f)`` terms). The filters use
+    ``max(κ_n, ρ_n)`` and differentiate whichever they used (:func:`diffusion_source`)."""
+    dense = x.lin.shape[1] == d  # (d = 1: both layouts agree)
     acc = 0.0
     for k in range(d):
-        c_kk = _rounding_terms(step, rq, q, k, lin, dense)[0]
-        noise = MACHINE_EPSILON * _rounding_scale(k, mu_pred, zhat, lin, d, dense)
+        c_kk = _rounding_terms(x.step, rq, q, k, x.lin, dense)[0]
+        noise = MACHINE_EPSILON * _rounding_scale(k, x, d, dense)
         if c_kk > 0.0:
             acc += noise * noise / c_kk
     return acc / d
 
 
 @nb.njit(**INLINE_JIT)
-def rounding_kappa_adjoint(
-    kbar: float, step: np.ndarray, rq: np.ndarray, q: int, d: int, lin: np.ndarray, zhat: np.ndarray,
-    mu_pred: np.ndarray, zbar: np.ndarray, jbar: np.ndarray, mbar_pred: np.ndarray,
-) -> None:
-    """Adjoint of :func:`rounding_kappa` for the cotangent ``kbar`` of ``ρ``: writes ``ẑ̄`` (``zbar``) and ``L̄``
-    (``jbar``, ``(d, d)``; only its diagonal for a diagonal ``lin``), and adds the cotangents of ``E0 μ⁻`` and
-    ``E1 μ⁻`` to ``mbar_pred[:2d]`` (the predicted mean's).
+def rounding_kappa_adjoint(kbar: float, x: FloorInputs, rq: np.ndarray, q: int, d: int, cot: FloorCotangents,
+                           ) -> None:
+    """Adjoint of :func:`rounding_kappa` for the cotangent ``kbar`` of ``ρ``: writes ``ẑ̄``, ``L̄`` (``(d, d)``; only its
+    diagonal for a diagonal ``lin``) and the cotangent of ``T(f)`` (when ``x.f_scale`` is given) into ``cot``, and adds
+    the cotangents of ``E0 μ⁻`` and ``E1 μ⁻`` to ``cot.mbar_pred[:2d]`` (the predicted mean's; ``T(f)``'s own path
+    through ``ξ`` and ``θ`` is the caller's: :func:`~.update.f_scale_adjoint`).
 
     With ``ρ = Σ_k ε² s_k² / c_kk / d`` (:func:`_rounding_scale`): ``∂ρ/∂s_k = 2 ε² s_k / c_kk / d``,
     ``∂ρ/∂c_kk = −ε² s_k² / c_kk² / d``, and ``c_kk`` depends on row ``k`` of ``L`` (:func:`_rounding_terms`).
     """
+    step, lin, zhat, mu_pred, f_scale = x
+    zbar, jbar, mbar_pred, f_scale_bar = cot
     dense = lin.shape[1] == d
+    with_scale = f_scale.shape[0] > 0
     scale = kbar * MACHINE_EPSILON * MACHINE_EPSILON / d
     jbar[:, :] = 0.0
     for k in range(d):
         zbar[k] = 0.0
+        if with_scale:
+            f_scale_bar[k] = 0.0
         c_kk, dc_dj, u = _rounding_terms(step, rq, q, k, lin, dense)
         if not c_kk > 0.0:
             continue
         dy = mu_pred[d + k]
         f = dy - zhat[k]
-        s = _rounding_scale(k, mu_pred, zhat, lin, d, dense)
+        s = _rounding_scale(k, x, d, dense)
         ds = 2.0 * scale * s / c_kk
         dc = -scale * s * s / (c_kk * c_kk)
         mbar_pred[d + k] += ds * (np.sign(dy) + np.sign(f))
@@ -136,6 +153,10 @@ def rounding_kappa_adjoint(
             for a in range(d):
                 if a != k:
                     jbar[k, a] = dc * 2.0 * u * lin[k, a]
+        if with_scale:
+            f_scale_bar[k] = ds
+        elif dense:
+            for a in range(d):
                 jbar[k, a] += ds * np.sign(lin[k, a]) * abs(mu_pred[a])  # the |L_ka ξ_a| terms of s_k
                 mbar_pred[a] += ds * abs(lin[k, a]) * np.sign(mu_pred[a])
         else:
@@ -160,12 +181,14 @@ def diffusion_source(kappa: float, rounding: float) -> int:
 
 
 @nb.njit(**INLINE_JIT)
-def rounding_floored_kappas(run, rq: np.ndarray, q: int, d: int) -> np.ndarray:
+def rounding_floored_kappas(run, f_scales: np.ndarray, rq: np.ndarray, q: int, d: int) -> np.ndarray:
     """The local diffusions of a kept unit-diffusion ``run`` (:data:`~.odefilter.ForwardRun`), each at least its
-    :func:`rounding_kappa`, for the second pass of local calibration (Fenrir)."""
+    :func:`rounding_kappa`, for the second pass of local calibration (Fenrir); ``f_scales``: every step's ``T(f)``
+    (:func:`~.update.f_scale`; ``(n, 0)`` without)."""
     kappas = run.local_kappa.copy()
     for n in range(1, kappas.shape[0]):
-        kappas[n] = max(kappas[n], rounding_kappa(run.step[n], rq, q, d, run.lin[n], run.zhat[n], run.mu_pred[n]))
+        floor = rounding_kappa(FloorInputs(run.step[n], run.lin[n], run.zhat[n], run.mu_pred[n], f_scales[n]), rq, q, d)
+        kappas[n] = max(kappas[n], floor)
     return kappas
 
 

@@ -35,6 +35,8 @@ from pymc_pnode.filtering.calibration import (
     KAPPA_ESTIMATE,
     KAPPA_FLOOR,
     KAPPA_ROUNDING,
+    FloorCotangents,
+    FloorInputs,
     diffusion_source,
     global_kappa,
     local_error_work,
@@ -97,6 +99,10 @@ from pymc_pnode.filtering.update import (
     LinearisationCotangents,
     UpdateAdjointOut,
     VectorField,
+    f_scale,
+    f_scale_adjoint,
+    f_scale_size,
+    f_scales_of_steps,
     linearisation_adjoint_work,
     linearise_adjoint,
     ode_observation_matrix,
@@ -106,9 +112,11 @@ from pymc_pnode.filtering.update import (
 
 # The ODE's generated functions the kernel calls (addresses of C callbacks, :mod:`pymc_pnode._callbacks`): f, its
 # Jacobians, the contracted second derivatives (:attr:`pymc_pnode.ODE.hess_contract`), the Taylor coefficients of
-# the exact initialisation and their vector–Jacobian product.
-FenrirFunctions = namedtuple("FenrirFunctions", ["rhs", "jac_y", "jac_p", "hess_contract", "taylor", "taylor_vjp"])
-_FENRIR_FUNCTIONS_T = nb.types.NamedUniTuple(FN, 6, FenrirFunctions)  # (typeof of a homogeneous namedtuple)
+# the exact initialisation and their vector–Jacobian product, and the bound T(f) of f's rounding with its
+# vector–Jacobian product (:attr:`pymc_pnode.ODE.term_scale`; 0 unless an EK0 calibrates local diffusions).
+FenrirFunctions = namedtuple("FenrirFunctions", ["rhs", "jac_y", "jac_p", "hess_contract", "taylor", "taylor_vjp",
+                                                 "term_scale", "term_scale_vjp"])
+_FENRIR_FUNCTIONS_T = nb.types.NamedUniTuple(FN, 8, FenrirFunctions)  # (typeof of a homogeneous namedtuple)
 # Everything else the kernel takes. ``stops`` are the grid (fixed steps) or the stops the error-controlled
 # steps must hit; ``stop_obs[j]`` is the data row observed at ``stops[j]`` (or -1). ``control.h0`` is
 # ignored (the kernel chooses the first step). ``end_cotangent`` (length d) is a cotangent on the solution
@@ -358,6 +366,8 @@ def _filter_adjoint(
     err_work = local_error_work(q, d)
     zbar, jbar = np.zeros(d), np.zeros((d, d))
     cot = LinearisationCotangents(out.rbar, out.hbar, zbar, jbar)
+    scale = np.empty(f_scale_size(field, d) if kbar_mode == KBAR_LOCAL else 0)
+    floor_cot = FloorCotangents(zbar, jbar, mbar, np.empty(scale.shape[0]))
     sig_pred = np.empty((dd, dd))
     sig_post = np.empty((dd, dd))
     work = np.empty((dd, dd))
@@ -383,11 +393,14 @@ def _filter_adjoint(
         if kbar_mode == KBAR_LOCAL:
             # The second pass's κ_n = max(ẑᵀ(H Q Hᵀ)⁻¹ẑ / d, ρ_n) with ẑ, L of this (unit-diffusion) run: ẑ̄ and L̄ of
             # whichever it was join the linearisation's adjoint (ρ_n's path through E1 μ⁻ joins μ̄⁻ directly).
-            source = diffusion_source(local_kappa[n], rounding_kappa(step, rq, q, d, lin[n], zhat[n], mu_pred[n]))
+            f_scale(field, t, xi, scale)
+            floor = FloorInputs(step, lin[n], zhat[n], mu_pred[n], scale)
+            source = diffusion_source(local_kappa[n], rounding_kappa(floor, rq, q, d))
             if source == KAPPA_ESTIMATE:
                 local_kappa_adjoint(kbar_step[n], step, rq, q, d, lin[n], zhat[n], err_work, zbar, jbar)
             elif source == KAPPA_ROUNDING:
-                rounding_kappa_adjoint(kbar_step[n], step, rq, q, d, lin[n], zhat[n], mu_pred[n], zbar, jbar, mbar)
+                rounding_kappa_adjoint(kbar_step[n], floor, rq, q, d, floor_cot)
+                f_scale_adjoint(field, derivs, t, xi, floor_cot.f_scale_bar, mbar, grad_theta, lin_work)
         linearise_adjoint(field, derivs, t, xi, lin[n], (d, False), cot, mbar, grad_theta, lin_work)
         # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of the data filter on (μ, Σ)_{n−1}.
         kbar_n = predict_adjoint(step, rq, q, d, mbar, sbar, work, mbar_prev, sig_pred)
@@ -430,6 +443,8 @@ def _block_filter_adjoint(
     sig_pred, sig_prev, congruence_work = np.empty(shape), np.empty(shape), np.empty(shape)
     mbar_prev = np.empty(dd)
     xi = np.empty(d)
+    scale = np.empty(f_scale_size(field, d) if kbar_mode == KBAR_LOCAL else 0)
+    scale_bar = np.empty(scale.shape[0])
     for n in range(n_pts - 1, 0, -1):
         t = grid[n]
         for c in range(d):
@@ -441,15 +456,18 @@ def _block_filter_adjoint(
         step = steps[n]
         # κ_n = max(ẑᵀ(H Q Hᵀ)⁻¹ẑ / d, ρ_n) with ẑ, L of this (unit-diffusion) run, as in _filter_adjoint
         source = KAPPA_CONSTANT
+        f_scale(field, t, xi, scale)
+        floor = FloorInputs(step, lin[n], zhat[n], mu_pred[n], scale)
         if kbar_mode == KBAR_LOCAL:
-            source = diffusion_source(local_kappa[n], rounding_kappa(step, rq, q, d, lin[n], zhat[n], mu_pred[n]))
+            source = diffusion_source(local_kappa[n], rounding_kappa(floor, rq, q, d))
         kbar_local = kbar_step[n] if source == KAPPA_ESTIMATE else 0.0
         primal = UpdatePrimal(r[n], mu_pred[n], lin[n], zhat[n], step)
         if not block_update_adjoint(sig_pred, primal, rq, (q, d, field.ek1), (w_stat, kbar_local), bar, work):
             return bar, False, work.out.rounding[0]
         if source == KAPPA_ROUNDING:
-            rounding_kappa_adjoint(kbar_step[n], step, rq, q, d, lin[n], zhat[n], mu_pred[n], work.cot.zbar,
-                                   work.cot.jbar, mbar)
+            rounding_kappa_adjoint(kbar_step[n], floor, rq, q, d,
+                                   FloorCotangents(work.cot.zbar, work.cot.jbar, mbar, scale_bar))
+            f_scale_adjoint(field, derivs, t, xi, scale_bar, mbar, grad_theta, lin_work)
         linearise_adjoint(field, derivs, t, xi, lin[n], (d, True), work.cot, mbar, grad_theta, lin_work)  # L = diag J
         # Prediction μ⁻ = A μ, Σ⁻ = A Σ Aᵀ + κ Q(h), then the deposits of the data filter on (μ, Σ)_{n−1}.
         kbar_n = block_prediction_adjoint(step, rq, q, d, mbar, sbar, congruence_work, mbar_prev, sig_prev)
@@ -735,7 +753,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
         non-finite values, a fixed step that fails :func:`~pymc_pnode.filtering.stepping.fixed_step_failed`,
         ``max_steps`` reached, a collapsing step or a jump of ``f`` in ``t``.
         """
-        rhs, jac_y, jac_p, hess_contract, taylor, taylor_vjp = functions
+        rhs, jac_y, jac_p, hess_contract, taylor, taylor_vjp, term_scale, term_scale_vjp = functions
         theta, stops, rq = args.theta, args.stops, args.rq
         d = n_states if n_states > 0 else args.y0.shape[0]
         k = theta.shape[0]
@@ -745,7 +763,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
         grad = np.zeros(d + k + args.n_sigma + 1)
         info = np.zeros(8)
         y_end = np.zeros(d)
-        field = VectorField(rhs, jac_y, theta, args.ek1)
+        field = VectorField(rhs, jac_y, term_scale, theta, args.ek1)
 
         # ---------------------------------------------------------------- forward ODE filter
         coeffs = np.empty((q + 1, d))
@@ -795,7 +813,8 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
         # residuals; the likelihood then jumps by ~1e-3 nats under 1e-7 changes of θ and NUTS fails.
         unit_run = run
         if mode == DIFFUSION_LOCAL:
-            run, finite = refilter(field, unit_run, rq, q, d, rounding_floored_kappas(unit_run, rq, q, d))
+            scales = f_scales_of_steps(field, unit_run.grid, unit_run.mu_pred, d)
+            run, finite = refilter(field, unit_run, rq, q, d, rounding_floored_kappas(unit_run, scales, rq, q, d))
             if not finite:
                 info[4] = STATUS_NONFINITE
                 return terms, grad, False, info, stops[:1], y_end
@@ -810,7 +829,7 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
         # (with the gradient, part 1 of the reverse sweep too: the adjoint of the backward Kalman filter, forward in
         # time, deposits on the ODE filter's (μ_n, Σ_n))
         kdir = grad.shape[0] - 1
-        derivs = FieldDerivatives(jac_p, hess_contract)
+        derivs = FieldDerivatives(jac_p, hess_contract, term_scale_vjp)
         first_kbar = KBAR_STORE if mode == DIFFUSION_LOCAL else KBAR_ADD
         first_sweep = 0
         if checkpointed:  # a thin run: every phase interval by interval

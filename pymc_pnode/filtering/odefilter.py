@@ -18,6 +18,7 @@ import numpy as np
 from pymc_pnode._callbacks import call
 from pymc_pnode._jit import INLINE_JIT, compile_on_first_use
 from pymc_pnode.filtering.calibration import (
+    FloorInputs,
     at_equilibrium,
     floored_kappa,
     local_error,
@@ -41,7 +42,14 @@ from pymc_pnode.filtering.stepping import (
     propose_step,
 )
 from pymc_pnode.filtering.structure import block_local_error, block_rows, predict_roots, root_shape, update_roots
-from pymc_pnode.filtering.update import VECTOR_FIELD_T, VectorField, linearisation_work, linearise
+from pymc_pnode.filtering.update import (
+    VECTOR_FIELD_T,
+    VectorField,
+    f_scale,
+    f_scale_size,
+    linearisation_work,
+    linearise,
+)
 
 DIFFUSION_FIXED = 0
 DIFFUSION_GLOBAL = 1
@@ -191,6 +199,7 @@ def forward_pass(
     kappa_used[0] = 0.0
     local_kappas[0] = 0.0
     xi, f_post, jac = linearisation_work(d)
+    scale = np.empty(f_scale_size(field, d) if local else 0)  # the EK0's T(f) for the rounding floor
     jump_work = (np.empty(d), np.empty(d))
     size, rows = block_rows(r0, q, d)
     m_pred, m_upd, w = step_work(size, rows)
@@ -262,7 +271,8 @@ def forward_pass(
             local_kappa = floored_kappa(local_kappa)
             kappa = diffusion.kappa
             if local:  # at least the diffusion of a rounding-only residual (the error estimate keeps the estimate)
-                kappa = max(local_kappa, rounding_kappa(step, rq, q, d, lin_p, zhat_p, mu_pred_p))
+                f_scale(field, t_new, xi, scale)  # (ξ = E0 μ⁻ since linearise)
+                kappa = max(local_kappa, rounding_kappa(FloorInputs(step, lin_p, zhat_p, mu_pred_p, scale), rq, q, d))
             step[2, 0] = math.sqrt(kappa)
             predict_roots(r_prev, step, rq, q, d, m_pred, r_pred_p)
             stat = update_roots(r_pred_p, mu_pred_p, lin_p, zhat_p, q, d, m_upd, w, mu_p, r_p)

@@ -31,6 +31,8 @@ from pymc_pnode.filtering.calibration import (
     KAPPA_CONSTANT,
     KAPPA_ESTIMATE,
     KAPPA_ROUNDING,
+    FloorCotangents,
+    FloorInputs,
     diffusion_source,
     local_error_work,
     local_kappa_adjoint,
@@ -41,7 +43,16 @@ from pymc_pnode.filtering.linalg import matmul, matmul_nt, matmul_part, matmul_t
 from pymc_pnode.filtering.predict import predict_root
 from pymc_pnode.filtering.prior import add_noise, apply_transition, congruence, set_step, transition_matrix
 from pymc_pnode.filtering.smoother import backward_gain, backward_work
-from pymc_pnode.filtering.update import congruence_rounding, scaled_gain_sq, scaled_norm_sq, state_scales
+from pymc_pnode.filtering.update import (
+    congruence_rounding,
+    f_scale,
+    f_scale_adjoint,
+    f_scale_size,
+    linearisation_adjoint_work,
+    scaled_gain_sq,
+    scaled_norm_sq,
+    state_scales,
+)
 
 __all__ = ["SmoothedRun", "StepTangents", "StoredRun", "block_filter_tangents", "filter_tangents", "smoothing_tangents",
            "stored_run"]
@@ -79,8 +90,11 @@ _SMOOTHED_RUN_T = nb.types.NamedTuple([_R2, _R3], SmoothedRun)
 # callbacks, :mod:`pymc_pnode._callbacks`; the second derivatives are not called by the EK0: 0 will do), the
 # parameters and EK1 (else EK0). The second derivatives are the full tensors ``ODE.hess_yy``/``hess_yp`` for
 # the dense kernel and their rows ``∂²f_i/∂y_i∂(y, θ)`` (``ODE.hess_rows_y``/``hess_rows_p``) for the block one.
-TangentField = namedtuple("TangentField", ["rhs", "jac_y", "jac_p", "hess_y", "hess_p", "theta", "ek1"])
-_TANGENT_FIELD_T = nb.types.NamedTuple([FN, FN, FN, FN, FN, nb.float64[::1], nb.boolean], TangentField)
+# ``term_scale`` and ``term_scale_vjp``: the EK0's bound T(f) for the rounding floor (:attr:`pymc_pnode.ODE.term_scale`;
+# 0 where unused).
+TangentField = namedtuple("TangentField", ["rhs", "jac_y", "jac_p", "hess_y", "hess_p", "term_scale", "term_scale_vjp",
+                                           "theta", "ek1"])
+_TANGENT_FIELD_T = nb.types.NamedTuple([FN, FN, FN, FN, FN, FN, FN, nb.float64[::1], nb.boolean], TangentField)
 _TANGENTS_SIG = (_TANGENT_FIELD_T, _STORED_RUN_T, _STEP_TANGENTS_T, _R2, nb.boolean)
 
 
@@ -108,6 +122,16 @@ def evaluate_field(field: TangentField, t: float, mu_pred: np.ndarray, out: Fiel
     if field.ek1:  # (the EK0 does not call the second derivatives)
         call(field.hess_y, xi, t, p, out.hyy)
         call(field.hess_p, xi, t, p, out.hyp)
+
+
+@nb.njit(**INLINE_JIT)
+def floor_scale_work(field: TangentField, d: int, local: bool):
+    """The rounding floor's ``T(f)`` and its cotangent (length 0 unless an EK0 calibrates local diffusions,
+    :func:`~.update.f_scale_size`), the floor's derivative in ``θ`` through ``T(f)`` and the work of
+    :func:`~.update.f_scale_adjoint`."""
+    size = f_scale_size(field, d) if local else 0
+    k = field.theta.shape[0]
+    return np.empty(size), np.empty(size), np.zeros(k), linearisation_adjoint_work(d, k)
 
 
 @nb.njit(**INLINE_JIT)
@@ -281,6 +305,8 @@ def filter_tangents(vector_field, run, steps, rq, local):
     lin = jac if ek1 else np.zeros((d, d))  # L of the local diffusion's H = E1 − L E0 (zero for the EK0)
     kappa_zbar, kappa_jbar, kappa_work = np.empty(d), np.empty((d, d)), local_error_work(q, d)
     kappa_mbar = np.zeros(dd)  # ∂ρ/∂μ⁻ of the rounding floor (rounding_kappa_adjoint)
+    scale, scale_bar, kappa_pbar, scale_work = floor_scale_work(vector_field, d, local)
+    floor = FloorInputs(step, lin, z, mu_pred, scale)
     dkappa = np.zeros(n_dir)
     k_out = record_initial_outputs(out_index, dmu, d, dmean)
     for n in range(ts.shape[0] - 1):
@@ -302,12 +328,15 @@ def filter_tangents(vector_field, run, steps, rq, local):
         update = linearised_update(sig_pred, h_mat, z)
         source = KAPPA_CONSTANT
         if local:  # κ_n = max(its estimate, ρ_n): the tangent of whichever it was
-            source = diffusion_source(kappas[n + 1], rounding_kappa(step, rq, q, d, lin, z, mu_pred))
+            f_scale(vector_field, t_new, field.xi, scale)
+            source = diffusion_source(kappas[n + 1], rounding_kappa(floor, rq, q, d))
         kappa_mbar[:] = 0.0
+        kappa_pbar[:] = 0.0
         if source == KAPPA_ESTIMATE:
             local_kappa_adjoint(1.0, step, rq, q, d, lin, z, kappa_work, kappa_zbar, kappa_jbar)
         elif source == KAPPA_ROUNDING:
-            rounding_kappa_adjoint(1.0, step, rq, q, d, lin, z, mu_pred, kappa_zbar, kappa_jbar, kappa_mbar)
+            rounding_kappa_adjoint(1.0, floor, rq, q, d, FloorCotangents(kappa_zbar, kappa_jbar, kappa_mbar, scale_bar))
+            f_scale_adjoint(vector_field, vector_field, t_new, field.xi, scale_bar, kappa_mbar, kappa_pbar, scale_work)
         varies = source != KAPPA_CONSTANT
         dkappa[:] = 0.0
         for j in range(n_dir):
@@ -338,6 +367,8 @@ def filter_tangents(vector_field, run, steps, rq, local):
                     if ek1:
                         for c in range(d):
                             v -= kappa_jbar[k, c] * dh[k, c]
+                if j >= d:  # T(f)'s own dependence on θ (the EK0's floor)
+                    v += kappa_pbar[j - d]
                 dkappa[j] = v
                 add_noise(step, rq, q, d, v, dsig_pred)
             dstat[j] += update_tangent(update, dh, dz, work, new_dmu, dsig[j])
@@ -398,6 +429,8 @@ def block_filter_tangents(vector_field, run, steps, rq, local):
     lin1, kappa_zbar, kappa_jbar, kappa_work = np.zeros((1, 1)), np.empty(1), np.empty((1, 1)), local_error_work(q, 1)
     # every ẑ_i and L_ii, and the adjoint of the rounding floor ρ_n in them and in μ⁻ (rounding_kappa_adjoint)
     z_all, lin_diag, kappa_mbar = np.empty(d), np.zeros((d, 1)), np.zeros(dd)
+    scale, scale_bar, kappa_pbar, scale_work = floor_scale_work(vector_field, d, local)
+    floor = FloorInputs(step, lin_diag, z_all, mu_pred, scale)
     zbar_all, jbar_all = np.empty(d), np.empty((d, d))
     dkappa = np.zeros(n_dir)
     block_new = np.empty(q1)
@@ -436,14 +469,19 @@ def block_filter_tangents(vector_field, run, steps, rq, local):
             for i in range(d):
                 z_all[i] = mu_pred[d + i] - fx[i]
                 lin_diag[i, 0] = jac[i, i] if ek1 else 0.0
-            source = diffusion_source(kappa, rounding_kappa(step, rq, q, d, lin_diag, z_all, mu_pred))
+            f_scale(vector_field, t_new, field.xi, scale)
+            source = diffusion_source(kappa, rounding_kappa(floor, rq, q, d))
         if source == KAPPA_ROUNDING:  # dρ = Σ_i ∂ρ/∂(ẑ_i, L_ii, E0 μ⁻_i, E1 μ⁻_i) · (dẑ_i, dL_ii, E0 dμ⁻_i, E1 dμ⁻_i)
             kappa_mbar[:] = 0.0
-            rounding_kappa_adjoint(1.0, step, rq, q, d, lin_diag, z_all, mu_pred, zbar_all, jbar_all, kappa_mbar)
+            kappa_pbar[:] = 0.0
+            rounding_kappa_adjoint(1.0, floor, rq, q, d, FloorCotangents(zbar_all, jbar_all, kappa_mbar, scale_bar))
+            f_scale_adjoint(vector_field, vector_field, t_new, field.xi, scale_bar, kappa_mbar, kappa_pbar, scale_work)
             for i in range(d):
                 for j in range(n_dir):
                     dkappa[j] += (zbar_all[i] * dz_all[i, j] + jbar_all[i, i] * dl_all[i, j]
                                   + kappa_mbar[i] * dmu_pred[i, j] + kappa_mbar[d + i] * dmu_pred[d + i, j])
+            for j in range(d, n_dir):  # T(f)'s own dependence on θ (the EK0's floor)
+                dkappa[j] += kappa_pbar[j - d]
         elif source == KAPPA_ESTIMATE:  # dκ = Σ_i ∂(ẑ_i² / c_ii / d)/∂(ẑ_i, L_ii) · (dẑ_i, dL_ii)
             for i in range(d):
                 lin1[0, 0] = lin_diag[i, 0]

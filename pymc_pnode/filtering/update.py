@@ -20,12 +20,13 @@ from pymc_pnode._jit import INLINE_JIT
 from pymc_pnode.filtering.linalg import cholesky_inplace, matmul_part, matvec, matvec_t, solve_lower, tria_cols_inplace
 
 # The vector field as the forward pass needs it: f, ∂f/∂y (addresses of C callbacks, :mod:`pymc_pnode._callbacks`),
-# the parameters and EK1 (else EK0).
-VectorField = namedtuple("VectorField", ["rhs", "jac_y", "theta", "ek1"])
-VECTOR_FIELD_T = nb.types.NamedTuple([FN, FN, nb.float64[::1], nb.boolean], VectorField)
-# The derivatives only the adjoints need: ∂f/∂θ and the second derivatives contracted with a weight matrix
-# (:attr:`pymc_pnode.ODE.hess_contract`).
-FieldDerivatives = namedtuple("FieldDerivatives", ["jac_p", "hess_contract"])
+# the bound T(f) of f's rounding error that the EK0's rounding floor reads (:attr:`pymc_pnode.ODE.term_scale`; 0
+# where no floor needs it), the parameters and EK1 (else EK0).
+VectorField = namedtuple("VectorField", ["rhs", "jac_y", "term_scale", "theta", "ek1"])
+VECTOR_FIELD_T = nb.types.NamedTuple([FN, FN, FN, nb.float64[::1], nb.boolean], VectorField)
+# The derivatives only the adjoints need: ∂f/∂θ, the second derivatives contracted with a weight matrix
+# (:attr:`pymc_pnode.ODE.hess_contract`) and the vector–Jacobian product of T(f) (0 where unused).
+FieldDerivatives = namedtuple("FieldDerivatives", ["jac_p", "hess_contract", "term_scale_vjp"])
 # Scratch of one linearisation: ξ, f(ξ) and ∂f/∂y(ξ) (zeros for EK0).
 LinearisationWork = namedtuple("LinearisationWork", ["xi", "fx", "jac"])
 # A linear Gaussian observation of the state: rows ``H[:rows]``, noise variances, residual ``r = H μ⁻ + c``.
@@ -70,7 +71,7 @@ def linearise(
     """``L`` (into ``lin``) and ``ẑ = E1 μ⁻ − f(ξ)`` (into ``zhat``) at ``ξ = E0 μ⁻`` (scratch ``xi``, ``fx`` = f(ξ),
     ``jac``: zeros for EK0). ``lin`` is ``(d, d)``, or ``(d, 1)`` for a block-diagonal filter, which keeps
     only the diagonal ``L_ii`` (in ``lin[i, 0]``; :mod:`.structure`)."""
-    rhs, jac_y, theta, ek1 = field
+    rhs, jac_y, _, theta, ek1 = field
     for c in range(d):
         xi[c] = mu_pred[c]
     call(rhs, xi, t, theta, fx)
@@ -85,6 +86,50 @@ def linearise(
             lin[r, 0] = jac[r, r]
     for c in range(d):
         zhat[c] = mu_pred[d + c] - fx[c]
+
+
+@nb.njit(**INLINE_JIT)
+def f_scale_size(field: VectorField, d: int) -> int:
+    """Length of a step's ``T(f)`` for the rounding floor (:class:`~.calibration.FloorInputs`): ``d`` for an EK0
+    given :attr:`pymc_pnode.ODE.term_scale`, else 0 (the EK1 reads its Jacobian)."""
+    return d if not field.ek1 and field.term_scale != 0 else 0
+
+
+@nb.njit(**INLINE_JIT)
+def f_scale(field: VectorField, t: float, xi: np.ndarray, out: np.ndarray) -> None:
+    """``T(f)`` at ``ξ`` into ``out`` (nothing when ``out`` has length 0: :func:`f_scale_size`)."""
+    if out.shape[0] > 0:
+        call(field.term_scale, xi, t, field.theta, out)
+
+
+@nb.njit(**INLINE_JIT)
+def f_scales_of_steps(field: VectorField, grid: np.ndarray, mu_pred: np.ndarray, d: int) -> np.ndarray:
+    """:func:`f_scale` of every step of a kept run (row ``n``: at ``grid[n]`` and ``E0 μ⁻_n``; row 0 unused):
+    ``(n, d)``, or ``(n, 0)`` when the floor reads no ``T(f)``."""
+    scales = np.zeros((grid.shape[0], f_scale_size(field, d)))
+    if scales.shape[1] > 0:
+        xi = np.empty(d)
+        for n in range(1, grid.shape[0]):
+            for c in range(d):
+                xi[c] = mu_pred[n, c]
+            f_scale(field, grid[n], xi, scales[n])
+    return scales
+
+
+@nb.njit(**INLINE_JIT)
+def f_scale_adjoint(
+    field: VectorField, derivs: FieldDerivatives, t: float, xi: np.ndarray, f_scale_bar: np.ndarray,
+    mbar_pred: np.ndarray, grad_theta: np.ndarray, work: LinearisationAdjointWork,
+) -> None:
+    """Adds the cotangent ``f_scale_bar`` of :func:`f_scale`' ``T(f)`` to those of ``E0 μ⁻`` (``mbar_pred``)
+    and of ``θ`` (``grad_theta``)."""
+    if f_scale_bar.shape[0] == 0:
+        return
+    call(derivs.term_scale_vjp, xi, t, field.theta, f_scale_bar, work.hy, work.hp)
+    for e in range(xi.shape[0]):
+        mbar_pred[e] += work.hy[e]
+    for j in range(grad_theta.shape[0]):
+        grad_theta[j] += work.hp[j]
 
 
 @nb.njit(**INLINE_JIT)
@@ -116,7 +161,7 @@ def linearise_adjoint(
     """
     d, diagonal = layout
     k = grad_theta.shape[0]
-    _, jac_y, theta, ek1 = field
+    _, jac_y, _, theta, ek1 = field
     rbar, hbar, zbar, jbar = cot
     lbar, xbar, jp, hy, hp, jtrue = work
     for c in range(d):

@@ -247,8 +247,9 @@ class FenrirProblem:
         """The ODE's generated functions the Fenrir kernel calls, for this problem's IWP order (not cached: the
         addresses belong to this process, and a problem may be pickled to another)."""
         ode, order = self.ode, self.solver.order
+        scale = ode.term_scale_addresses(not self.solver.ek1 and self.diffusion_mode == DIFFUSION_LOCAL)
         return FenrirFunctions(*ode.field_addresses, ode.hess_contract.address,
-                               ode.taylor_coefficients(order).address, ode.taylor_vjp(order).address)
+                               ode.taylor_coefficients(order).address, ode.taylor_vjp(order).address, *scale)
 
     def evaluate(self, y0, theta, data, sigma, kappa, jumps=None, cotangent=None, diagnostics=None, warn=True):
         """Per-observation terms and, given ``cotangent``, the gradient of ``cotangent · terms``.
