@@ -157,6 +157,16 @@ def keep_thin_root(r: np.ndarray, root: np.ndarray, n: int, stride: int, root_sl
 
 
 @nb.njit(inline="always", **INLINE_JIT)
+def step_roots(r: np.ndarray, r_pred: np.ndarray, ring: np.ndarray, thin: bool, n: int, s: int):
+    """Views of the roots of the step from grid point ``n`` to ``n + 1``: the previous root, the new one and the
+    predicted one. A thin run keeps its last two roots in ``ring`` and one predicted root; a full run has the rows
+    ``n`` and ``n + 1`` of ``r`` and the row ``s`` of ``r_pred`` (``n + 1``, or 0 when predictions are not kept)."""
+    if thin:
+        return ring[n & 1], ring[(n + 1) & 1], r_pred[0]
+    return r[n], r[n + 1], r_pred[s]
+
+
+@nb.njit(inline="always", **INLINE_JIT)
 def forward_pass(
     field: VectorField, mu0: np.ndarray, r0: np.ndarray, rq: np.ndarray, q: int, d: int, diffusion: Diffusion,
     control: Stepping, stops: np.ndarray, keep: bool, root_slots: int,
@@ -233,10 +243,7 @@ def forward_pass(
             # one view per row and step (every view is a counted reference)
             step, mu_prev, mu_p = steps[s], mu[n], mu[p]
             mu_pred_p, lin_p, zhat_p = mu_pred[s], lin[s], zhat[s]
-            if thin:
-                r_prev, r_p, r_pred_p = ring[n & 1], ring[p & 1], r_pred[0]
-            else:
-                r_prev, r_p, r_pred_p = r[n], r[p], r_pred[s]
+            r_prev, r_p, r_pred_p = step_roots(r, r_pred, ring, thin, n, s)
             if keep and n > 0 and h_try == grid[n] - grid[n - 1]:  # equal steps: skip the powers
                 step[:2] = steps[n, :2]
             elif keep or h_try != h_coeffs:
@@ -331,10 +338,7 @@ def refilter(field: VectorField, run: ForwardRun, rq: np.ndarray, q: int, d: int
     xi, fx, jac = linearisation_work(d)
     m_pred, m_upd, w = step_work(*block_rows(run.r[0], q, d))
     for p in range(1, n_pts):
-        if stride > 0:
-            r_prev, r_p, r_pred_p = ring[(p - 1) & 1], ring[p & 1], r_pred[0]
-        else:
-            r_prev, r_p, r_pred_p = r[p - 1], r[p], r_pred[p]
+        r_prev, r_p, r_pred_p = step_roots(r, r_pred, ring, stride > 0, p - 1, p)
         step = steps[p]
         step[2, 0] = math.sqrt(kappas[p])
         apply_transition(step, q, d, mu[p - 1], mu_pred[p])
@@ -343,8 +347,8 @@ def refilter(field: VectorField, run: ForwardRun, rq: np.ndarray, q: int, d: int
         stat = update_roots(r_pred_p, mu_pred[p], lin[p], zhat[p], q, d, m_upd, w, mu[p], r_p)
         if not update_finite(stat, mu[p], r_p):
             return new, False
-        if stride > 0 and p % stride == 0:
-            r[p // stride] = r_p
+        if stride > 0:
+            keep_thin_root(r, r_p, p, stride, r.shape[0])  # (its rows fit: the run's grid made them)
     return new, True
 
 
@@ -358,11 +362,13 @@ def rescale_roots(run: ForwardRun, kappa: float) -> None:
     n_pts = run.grid.shape[0]
     for j in range(1, r.shape[0]):
         r[j] *= sqrt_kappa
+    with_predictions = r_pred.shape[0] == n_pts  # (a run for the adjoints)
+    with_steps = steps.shape[0] == n_pts
     for n in range(1, n_pts):
         kappas[n] = kappa
-        if r_pred.shape[0] == n_pts:  # the predictions too (a run for the adjoints)
+        if with_predictions:
             r_pred[n] *= sqrt_kappa
-        if steps.shape[0] == n_pts:
+        if with_steps:
             steps[n, 2, 0] = sqrt_kappa
 
 
