@@ -46,7 +46,7 @@ import numpy as np
 _SPOOL_DIR = os.path.join(tempfile.gettempdir(), "pymc_pnode_counts")
 _FLUSH_INTERVAL = 0.5  # seconds between a worker's spool-file updates
 _COUNTS = ("n_evaluations", "n_steps", "n_rejected", "n_over_tolerance", "n_failed", "n_unreliable_gradient",
-           "n_tightened", "n_equilibrium_gradient", "n_failed_draws")
+           "n_tightened", "n_tightening_failed", "n_equilibrium_gradient", "n_failed_draws")
 _SHARED_KEYS: set[str] = set()  # keys of counts shared with other processes by this one
 _WATCH_POLL = 0.5  # seconds between the watcher's looks at the spool files
 _WATCH_GRACE = 120.0  # a watcher whose processes write no counts within this time stops
@@ -143,14 +143,16 @@ def tighter_tolerances(rtol: float, atol: float) -> list[tuple[float, float]]:
 
 
 def solve_to_tolerance(solve: Callable[[float, float], tuple[Any, bool, float]], y0: np.ndarray, rtol: float,
-                       atol: float, adaptive: bool = True) -> tuple[Any, float, list]:
+                       atol: float, adaptive: bool = True,
+                       why_failed: Callable[[Any], str] = lambda solution: "") -> tuple[Any, float, list, str]:
     """Solve from ``y0`` at ``rtol``/``atol`` and, with error control, again at each of :func:`tighter_tolerances`
     in turn while the accepted solution is over the tolerance.
 
     ``solve(rtol, atol)`` returns ``(solution, solved, accuracy)`` (accuracy ≤ 1: within tolerance); with error
     control the accuracy also counts a start that ``atol`` does not resolve (:func:`unresolved_start`). A tighter
     solve that fails (e.g. at ``max_steps``) says nothing about the accepted solution, which is kept. Returns the
-    accepted solution, its accuracy and every solution computed (for their costs).
+    accepted solution, its accuracy, every solution computed (for their costs) and, if a tighter solve failed, its
+    tolerances and why (``why_failed(solution)`` describes a failed solve), else ``""``.
     """
 
     def attempt(rtol: float, atol: float):
@@ -158,25 +160,30 @@ def solve_to_tolerance(solve: Callable[[float, float], tuple[Any, bool, float]],
         return solution, solved, max(accuracy, unresolved_start(y0, atol)) if adaptive else accuracy
 
     solution, solved, accuracy = attempt(rtol, atol)
-    tried = [solution]
+    tried, cut_short = [solution], ""
     for tighter_rtol, tighter_atol in tighter_tolerances(rtol, atol) if adaptive else ():
         if not (solved and accuracy > 1.0):
             break
         again, solved, again_accuracy = attempt(tighter_rtol, tighter_atol)
         tried.append(again)
         if not solved:
+            cut_short = f"rtol {tighter_rtol:g}, atol {tighter_atol:g}: {why_failed(again)}"
             break
         solution, accuracy = again, again_accuracy
-    return solution, accuracy, tried
+    return solution, accuracy, tried, cut_short
 
 
-def _tighter_tolerances_tried() -> str:
-    """How far the re-solves of :func:`solve_to_tolerance` go, for warnings."""
+def _tighter_tolerances_tried(n_cut_short: int = 0, latest: str = "") -> str:
+    """How far the re-solves of :func:`solve_to_tolerance` go (``n_cut_short`` of them stopped by a failed re-solve,
+    ``latest`` the last such failure), for warnings."""
     if not TIGHTER_TOLERANCES:
         return ""
     rtol_factor, atol_factor = TIGHTER_TOLERANCES[-1]
+    latest = f" (the latest at {latest})" if latest else ""
+    cut_short = (f", except at {n_cut_short} where a tighter re-solve failed and the looser solution was kept{latest}"
+                 if n_cut_short else "")
     return (f", also at the tighter tolerances tried automatically (down to rtol / {rtol_factor:g} and atol / "
-            f"{atol_factor:g})")
+            f"{atol_factor:g}){cut_short}")
 
 
 def unresolved_start(y0: np.ndarray, atol: float) -> float:
@@ -234,6 +241,10 @@ class SolverDiagnostics:
         Error-controlled evaluations solved again at tighter tolerances (:func:`tighter_tolerances`) because the
         first solution failed the quadrature check or its ``atol`` did not resolve ``y0``; those that then passed
         are not over the tolerance and do not warn (they cost more: their steps are in ``n_steps``).
+    n_tightening_failed : int
+        Evaluations (among ``n_over_tolerance``) whose tighter re-solve failed — most often at ``max_steps``, which
+        the tighter tolerances need more of — so that the looser solution over the tolerance was kept; why is in
+        ``last_tightening_failure`` and in the warning.
     n_failed : int
         Evaluations that returned ``-inf``: non-finite values, a diverging fixed step, ``max_steps``
         reached or a collapsing adaptive step. Fixed-step failures warn too (once), as inside a sampler
@@ -243,6 +254,8 @@ class SolverDiagnostics:
         and the warning says why (``last_failure``).
     last_failure : str
         Why the latest failed solve stopped and where (e.g. "step size became too small ... at t = 10").
+    last_tightening_failure : str
+        The tolerances of the latest tighter re-solve that failed, why and where (``n_tightening_failed``).
     n_unreliable_gradient : int
         Evaluations (among ``n_failed``) refused (``-inf``) because their derivatives were rounding noise: the
         kernel's rounding bound was large and the derivatives changed when recomputed with other rounding
@@ -279,10 +292,12 @@ class SolverDiagnostics:
     n_failed: int = 0
     n_unreliable_gradient: int = 0
     n_tightened: int = 0
+    n_tightening_failed: int = 0
     n_equilibrium_gradient: int = 0
     n_failed_draws: int = 0
     max_error: float = 0.0
     last_failure: str = ""
+    last_tightening_failure: str = ""
     _warned: bool = field(default=False, repr=False)
     _warned_gradient: bool = field(default=False, repr=False)
     _warned_equilibrium: bool = field(default=False, repr=False)
@@ -321,6 +336,7 @@ class SolverDiagnostics:
         for name in _COUNTS:
             setattr(self, name, 0)
         self.max_error = 0.0
+        self.last_tightening_failure = ""
         self._last_flush = 0.0
         self._counting_pid = os.getpid()
         multiprocessing.util.Finalize(None, self.flush, exitpriority=10)
@@ -356,7 +372,7 @@ class SolverDiagnostics:
         os.makedirs(_SPOOL_DIR, exist_ok=True)
         path = os.path.join(_SPOOL_DIR, f"{self.key}.{os.getpid()}.json")
         with open(path + ".tmp", "w") as f:
-            json.dump({name: getattr(self, name) for name in (*_COUNTS, "max_error")}, f)
+            json.dump({name: getattr(self, name) for name in (*_COUNTS, "max_error", "last_tightening_failure")}, f)
         os.replace(path + ".tmp", path)
         self._last_flush = time.monotonic()
 
@@ -374,6 +390,7 @@ class SolverDiagnostics:
             for name in _COUNTS:
                 setattr(total, name, getattr(total, name) + int(other[name]))
             total.max_error = max(total.max_error, float(other["max_error"]))
+            total.last_tightening_failure = total.last_tightening_failure or other.get("last_tightening_failure", "")
         return total
 
     @property
@@ -388,15 +405,19 @@ class SolverDiagnostics:
 
     def record(self, n_steps: int, n_rejected: int, max_error: float, failed: bool, warn: bool = True,
                unreliable_gradient: bool = False, failure: str = "", tightened: bool = False,
-               equilibrium_gradient: bool = False) -> None:
+               equilibrium_gradient: bool = False, tightening_failure: str = "") -> None:
         """Count one evaluation; warn (if ``warn``) the first time a solution misses the tolerances, the
         first time a gradient is refused (``unreliable_gradient``: a failure of that kind), the first time a
         gradient is computed at an exact equilibrium (``equilibrium_gradient``), and an error-controlled failure
         while no evaluation has succeeded. ``failure`` says why a failed solve stopped; ``tightened``: the
-        evaluation was solved again at tighter tolerances."""
+        evaluation was solved again at tighter tolerances; ``tightening_failure``: why a tighter re-solve failed (the
+        looser solution was kept)."""
         self._count_here()
         self.n_evaluations += 1
         self.n_tightened += int(tightened)
+        if tightening_failure:
+            self.n_tightening_failed += 1
+            self.last_tightening_failure = tightening_failure
         self.n_equilibrium_gradient += int(equilibrium_gradient)
         self.n_steps += int(n_steps)
         self.n_rejected += int(n_rejected)
@@ -454,14 +475,18 @@ class SolverDiagnostics:
                 f"far from the exact one. {advice}"
             )
         if self.step is None and self.n_over_tolerance:
+            more_steps = (" Raise max_steps, which the tighter re-solves ran out of."
+                          if "maximum number of steps" in self.last_tightening_failure else "")
             parts.append(
                 f"the error-controlled solution misses the tolerances at {self.n_over_tolerance} of "
-                f"{self.n_evaluations} evaluations so far{_tighter_tolerances_tried()}: over some step "
+                f"{self.n_evaluations} evaluations so far"
+                f"{_tighter_tolerances_tried(self.n_tightening_failed, self.last_tightening_failure)}: over some step "
                 f"its means disagree with their own derivatives, or a nonzero entry of y0 is below atol, by up to "
                 f"{self.max_error:.3g} × the tolerance, which the steps' error estimates do not see (docs/fenrir.md, "
                 f"'The quadrature check'). There the likelihood or solution can be far from the exact one "
                 f"(thousands of nats where a state far below atol grows, e.g. an epidemic from a small seed). Use an "
                 f"atol below the smallest state that matters, or set states that should be zero to exactly 0."
+                f"{more_steps}"
             )
         if self.step is None and self.n_failed > self.n_unreliable_gradient:
             advice = "" if "jump of the vector field in t" in (self.last_failure or "") else (
@@ -505,9 +530,11 @@ class SolverDiagnostics:
             "n_failed": self.n_failed,
             "n_unreliable_gradient": self.n_unreliable_gradient,
             "n_tightened": self.n_tightened,
+            "n_tightening_failed": self.n_tightening_failed,
             "n_equilibrium_gradient": self.n_equilibrium_gradient,
             "n_failed_draws": self.n_failed_draws,
             "max_error": self.max_error,
             "suggested_step": self.suggested_step,
             "last_failure": self.last_failure,
+            "last_tightening_failure": self.last_tightening_failure,
         }

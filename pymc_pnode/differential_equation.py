@@ -89,11 +89,12 @@ class DopriSolver:
             return run, run[3] == STATUS_SUCCESS, 0.0  # (no error measure beyond the steps' own)
 
         # a nonzero entry of y0 below atol (a state the tolerances do not resolve) is solved again tighter
-        (ys, ts, traj, status, _), accuracy, tried = solve_to_tolerance(solve, y0, c.rtol, c.atol)
+        accepted, accuracy, tried, cut_short = solve_to_tolerance(solve, y0, c.rtol, c.atol, why_failed=_failure)
+        ys, ts, traj, status, _ = accepted
         failed = status != STATUS_SUCCESS
-        failure = f"{STATUS_MESSAGES[int(status)]}, at t = {ts[-1]:.6g}" if failed else ""
         self.diagnostics.record(sum(run[1].size - 1 for run in tried), sum(run[4] for run in tried), accuracy, failed,
-                                failure=failure, tightened=len(tried) > 1)
+                                failure=_failure(accepted) if failed else "", tightened=len(tried) > 1,
+                                tightening_failure=cut_short)
         return ys, ts, traj, np.array([-np.inf if failed else 0.0])
 
     def backward(self, theta, ts, traj, g_ys):
@@ -123,6 +124,11 @@ class DopriSolver:
     def __repr__(self):
         c = self.control
         return f"DopriSolver({self.ode!r}, n_times={self.times.size}, rtol={c.rtol:g}, atol={c.atol:g})"
+
+
+def _failure(run) -> str:
+    """Why a forward run ``(ys, ts, traj, status, n_rejected)`` failed and where."""
+    return f"{STATUS_MESSAGES[int(run[3])]}, at t = {run[1][-1]:.6g}"
 
 
 def _vector(x, size: int) -> np.ndarray:

@@ -49,6 +49,7 @@ from pymc_pnode.solve import (
     ODEFilter,
     solve_diffusion_mode,
     solve_without_warnings,
+    stop_reason,
     validate_filter,
     validate_ode,
 )
@@ -130,11 +131,11 @@ class PNSolutionProblem:
             return sol, sol.success, max(sol.stats["max_error"], sol.stats["max_defect"])
 
         # a solution that fails the quadrature check, or whose atol does not resolve y0, is solved again tighter
-        sol, accuracy, tried = solve_to_tolerance(solve, y0, self.rtol, self.atol, self.step is None)
+        sol, accuracy, tried, cut_short = solve_to_tolerance(solve, y0, self.rtol, self.atol, self.step is None,
+                                                             stop_reason)
         n_steps, n_rejected = (sum(attempt.stats[name] for attempt in tried) for name in ("n_steps", "n_rejected"))
         if not sol.success:
-            self.diagnostics.record(n_steps, n_rejected, 0.0, failed=True,
-                                    failure=f"{sol.stats['message']}, at t = {sol.stats['t_final']:.6g}")
+            self.diagnostics.record(n_steps, n_rejected, 0.0, failed=True, failure=stop_reason(sol))
             return self._failed(sol, y0)
         taylor_jac = ode.taylor_functions(q)[1]
         dy, dp = np.empty((q + 1, d, d)), np.empty((q + 1, d, ode.n_theta))
@@ -148,7 +149,8 @@ class PNSolutionProblem:
         local = solve_diffusion_mode(self.diffusion, self.step is None)[0] == DIFFUSION_LOCAL
         equilibrium = not refused and uninformed_derivatives(sol.stats["n_at_equilibrium"], self.step is None, local)
         self.diagnostics.record(n_steps, n_rejected, accuracy, failed=refused, unreliable_gradient=refused,
-                                tightened=len(tried) > 1, equilibrium_gradient=equilibrium)
+                                tightened=len(tried) > 1, equilibrium_gradient=equilibrium,
+                                tightening_failure=cut_short)
         if refused:
             return self._failed(sol, y0)
         return Evaluation(sol.mean, sol.std, cov.reshape(self.n_cov, self.n_cov), jac_mean, jac_std,

@@ -632,6 +632,11 @@ def solve(
     return sol
 
 
+def stop_reason(sol: ProbabilisticSolution | PiecewiseSolution) -> str:
+    """Why a failed solve stopped, and where (for diagnostics and warnings)."""
+    return f"{sol.stats['message']}, at t = {sol.stats['t_final']:.6g}"
+
+
 def accuracy_problem(sol: ProbabilisticSolution | PiecewiseSolution, y0, step: float | None, rtol: float,
                      atol: float) -> str:
     """What is wrong with the accuracy of a successful solve from ``y0`` (empty if nothing): a fixed step that misses

@@ -264,3 +264,18 @@ def test_a_seed_below_atol_is_solved_again_at_tighter_tolerances(monkeypatch):
     with pytest.warns(pn.AccuracyWarning, match="a nonzero entry of y0 is below atol"):
         _, counts = error(1e-20, 1e-8)
     assert counts.n_tightened == 1 and counts.n_over_tolerance == 1
+    # a re-solve that runs out of steps: the first solution is kept, and the warning says so and why
+    first_steps = DopriSolver(ode, times, StepControl(None, 1e-6, 1e-8, 100_000))
+    first_steps.forward([1000.0, 1e-10, 0.0], theta)
+    n_first = first_steps.diagnostics.n_steps
+    with monkeypatch.context() as patch:
+        patch.setattr(pymc_pnode.accuracy, "TIGHTER_TOLERANCES", ())
+        with pytest.warns(pn.AccuracyWarning, match="a nonzero entry of y0 is below atol"):
+            first_steps.forward([1000.0, 1e-10, 0.0], theta)
+    n_first = first_steps.diagnostics.n_steps - n_first  # the first solve's steps alone
+    short = DopriSolver(ode, times, StepControl(None, 1e-6, 1e-8, n_first + 2))
+    with pytest.warns(pn.AccuracyWarning, match=r"except at 1 where a tighter re-solve failed .* rtol 1e-07, atol "
+                      r"1e-11: maximum number of steps reached.*Raise max_steps"):
+        ys = short.forward([1000.0, 1e-10, 0.0], theta)[0]
+    assert short.diagnostics.n_tightening_failed == 1 and short.diagnostics.n_over_tolerance == 1
+    assert np.all(np.isfinite(ys))

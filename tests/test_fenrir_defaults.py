@@ -379,6 +379,40 @@ def test_a_solution_moving_against_its_derivatives_is_solved_again_or_warned(mon
             assert counts.as_dict()["n_tightened"] == resolved
 
 
+def test_a_tighter_resolve_that_runs_out_of_steps_is_named_in_the_warning(monkeypatch):
+    """When the re-solve at tighter tolerances fails (here: ``max_steps`` between the first solve's steps and the
+    re-solve's), the looser solution is kept and warned about, and the warning says that the re-solve failed and
+    why, and to raise ``max_steps``, instead of claiming the tighter tolerances were tried."""
+    ode = pn.ODE(_susceptible_infected, n_states=2, n_theta=2)
+    times, sigma = np.arange(5.0, 105.0, 5.0), 5.0
+    data = sigma * np.random.default_rng(0).standard_normal(times.size)
+
+    def counts_with(max_steps):
+        with pm.Model() as model:
+            pn.Fenrir("I", ode, y0=[1000.0, 1e-5], theta=(3e-4, 0.1), times=times, observed=data,
+                      obs_matrix=[[0.0, 1.0]], obs_sigma=sigma, check_accuracy=False, max_steps=max_steps)
+        value = float(model.compile_logp()({}))
+        return value, pn.fenrir_diagnostics(model)["I"]
+
+    with monkeypatch.context() as patch:  # the first solve alone: how many steps it takes
+        patch.setattr(pymc_pnode.accuracy, "TIGHTER_TOLERANCES", ())
+        with pytest.warns(pn.AccuracyWarning):
+            first_value, first = counts_with(20_000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        _, both = counts_with(20_000)  # the first re-solve passes the check (the test above)
+    first_steps, resolve_steps = first.n_steps, both.n_steps - first.n_steps
+    assert resolve_steps > first_steps + 10  # 126 and 401 measured
+    with pytest.warns(pn.AccuracyWarning, match=r"except at 1 where a tighter re-solve failed and the looser solution "
+                      r"was kept \(the latest at rtol 1e-05, atol 1e-09: maximum number of steps reached, at t = "
+                      r".*Raise max_steps"):
+        value, counts = counts_with((first_steps + resolve_steps) // 2)
+    assert value == first_value  # the first solution, kept
+    assert counts.n_over_tolerance == 1 and counts.n_tightened == 1 and counts.n_tightening_failed == 1
+    assert counts.as_dict()["last_tightening_failure"].startswith("rtol 1e-05, atol 1e-09: maximum number of steps")
+    assert both.n_tightening_failed == 0 and both.last_tightening_failure == ""
+
+
 @pytest.mark.parametrize("layout", ["dense", "diagonal", "ek0"])
 def test_rounding_floor_of_the_local_diffusion_and_its_adjoint(layout):
     """ρ = Σ_k (ε (|E1 μ⁻_k| + |f_k| + Σ_a |L_ka ξ_a|))² / c_kk / d with c = H Q Hᵀ as the local error computes it

@@ -431,3 +431,14 @@ def test_a_seed_below_atol_is_solved_again_at_tighter_tolerances():
         warnings.simplefilter("error", pn.AccuracyWarning)
         tight = pn.solve(ode, [1000.0, 1e-12], theta, (0.0, 100.0), save_at=times, atol=1e-14)
     assert np.abs(tight.mean[:, 1] - exact(1e-12)).max() < 0.05  # 0.013 measured
+    # a re-solve that runs out of steps: the looser solution is kept, counted and warned with the reason
+    steps = PNSolutionProblem(ode, times, pn.EK1(3), None, 1e-6, 1e-9, 100_000, "local")
+    steps.evaluate(np.array([1000.0, 1e-10]), theta)
+    n_all = steps.diagnostics.n_steps  # the first solve's and the re-solve's
+    short = PNSolutionProblem(ode, times, pn.EK1(3), None, 1e-6, 1e-9, n_all // 2, "local")
+    with pytest.warns(pn.AccuracyWarning, match=r"except at 1 where a tighter re-solve failed and the looser solution "
+                      r"was kept \(the latest at rtol .*: maximum number of steps reached.*Raise max_steps"):
+        kept = short.evaluate(np.array([1000.0, 1e-10]), theta).mean
+    # (measured: the re-solve at rtol 1e-7 misses the check by 1.14, the one at 1e-8 runs out of steps)
+    assert short.diagnostics.n_tightening_failed == 1 and short.diagnostics.n_over_tolerance == 1
+    assert short.diagnostics.max_error > 1.0 and np.all(np.isfinite(kept))

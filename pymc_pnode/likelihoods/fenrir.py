@@ -37,7 +37,15 @@ from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DI
 from pymc_pnode.filtering.stepping import STATUS_MESSAGES, STATUS_SUCCESS, Stepping
 from pymc_pnode.filtering.structure import DENSE, STRUCTURES, initial_root
 from pymc_pnode.ode import ODE
-from pymc_pnode.solve import DIFFUSION_ARGUMENTS, ODEFilter, fixed_grid, solve, validate_filter, validate_ode
+from pymc_pnode.solve import (
+    DIFFUSION_ARGUMENTS,
+    ODEFilter,
+    fixed_grid,
+    solve,
+    stop_reason,
+    validate_filter,
+    validate_ode,
+)
 from pymc_pnode.validation import (
     as_float_array,
     as_positive_float,
@@ -350,7 +358,7 @@ class FenrirProblem:
         n_steps = n_rejected = 0
         max_err = math.nan
         unreliable = tightened = equilibrium = False
-        failure = ""
+        failure = cut_short = ""
         grid = self.segments[0].grid[:1]
         if ok:
             first = self.segments[0]
@@ -367,8 +375,8 @@ class FenrirProblem:
 
             # error control whose solution fails the quadrature check, or whose atol does not resolve y0, is solved
             # again at tighter tolerances
-            results, max_err, tried = solve_to_tolerance(solve, y0, self.control.rtol, self.control.atol,
-                                                         self.control.adaptive)
+            results, max_err, tried, cut_short = solve_to_tolerance(
+                solve, y0, self.control.rtol, self.control.atol, self.control.adaptive, _failure)
             tightened = len(tried) > 1
             n_steps, n_rejected = map(sum, zip(*(_step_counts(attempt) for attempt in tried)))
             ok = self._solved(results)
@@ -379,13 +387,13 @@ class FenrirProblem:
             # a jump adds to the next segment's starting value: its gradient is that segment's y0 part
             grad = np.concatenate([grad] + [r.grad[:ode.n_states] for r in results[1:]])
             grid = np.concatenate([r.grid for r in results])
-            failure = next((r.failure for r in results if r.failure), "")
+            failure = _failure(results)
             unreliable = any(r.unreliable for r in results)
             equilibrium = want_grad and ok and uninformed_derivatives(
                 int(sum(r.info[7] for r in results)), self.control.adaptive, self.diffusion_mode == DIFFUSION_LOCAL)
         (self.diagnostics if diagnostics is None else diagnostics).record(
             n_steps, n_rejected, max_err, failed=not ok, warn=warn, unreliable_gradient=unreliable, failure=failure,
-            tightened=tightened, equilibrium_gradient=equilibrium)
+            tightened=tightened, equilibrium_gradient=equilibrium, tightening_failure=cut_short)
         if not ok:
             terms = np.full(data.shape[0], -np.inf)
             grad = np.zeros(self.n_directions)
@@ -395,6 +403,11 @@ class FenrirProblem:
 def _step_counts(results: list[SegmentResult]) -> tuple[int, int]:
     """Accepted and rejected steps of a solve, over its segments."""
     return tuple(int(sum(r.info[j] for r in results)) for j in (2, 3))
+
+
+def _failure(results: list[SegmentResult]) -> str:
+    """Why a solve failed and where (its first failed segment's account), ``""`` if it did not."""
+    return next((r.failure for r in results if r.failure), "")
 
 
 def _accuracy(results: list[SegmentResult]) -> float:
@@ -691,7 +704,7 @@ def _predictive_draw(problem: FenrirProblem, y0, theta, sigma, kappa, jumps, rng
                 diffusion=DIFFUSION_ARGUMENTS.get(problem.diffusion_mode, float(kappa)),
                 discontinuities=problem.discontinuities, jumps=jumps)
     if not sol.success:  # no data without a solution: NaN, counted and warned
-        problem.diagnostics.record_failed_draw(f"{sol.stats['message']}, at t = {sol.stats['t_final']:.6g}")
+        problem.diagnostics.record_failed_draw(stop_reason(sol))
         return np.full(batch + (m,), np.nan)
     traj = sol.sample(n, rng=rng)  # (n, T, d)
     sigma = np.broadcast_to(np.asarray(sigma, dtype=np.float64).reshape(-1), (m,))
