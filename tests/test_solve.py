@@ -381,6 +381,11 @@ def test_fixed_step_linear_instability_reports_failure():
     assert not sol.success and sol.stats["status"] == 4
     assert sol.stats["t_final"] < 20.0
     assert np.max(np.abs(sol.mean)) <= 1.5
+    # the stability interval shrinks with the order (docs/getting_started.md): order 5 is accurate at step 0.01,
+    # order 6 diverges at 0.05 too
+    fine = pn.solve(decay, [1.0], [1.0], (0.0, 20.0), solver=pn.EK0(order=5), step=0.01)
+    assert fine.success and np.max(np.abs(fine.mean[:, 0] - np.exp(-fine.t))) < 1e-6
+    assert not pn.solve(decay, [1.0], [1.0], (0.0, 20.0), solver=pn.EK0(order=6), step=0.05).success
 
 
 @pytest.mark.parametrize("case", ["lv-EK1-0.2", "lv-EK1q5-0.2", "fhn-EK1-0.1", "decay-EK1-1.0"])
