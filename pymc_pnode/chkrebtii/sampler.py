@@ -72,8 +72,10 @@ def chkrebtii_sample(
         several steps). For the
         squared exponential with ``lam >~ h`` prefer ``"paper"``: exact interrogations make its Gram
         matrix numerically singular (the ``jitter`` floor then acts as a nugget). Exact interrogations are
-        stable only for small ``k h`` (e.g. ``k h < 0.018`` for ``y' = -k y`` with ``lam = 2h``; the
-        paper rule up to ``k h ~ 1.5``): use ``"paper"`` with a fixed ``lam`` for stiff or decaying dynamics.
+        stable only for small ``k h`` and short spans (``y' = -k y`` with ``lam = 2h``: ``k h < 0.020`` over
+        5000 steps, 0.0061 over 20,000; the paper rule up to ``k h ~ 1.5``,
+        ``benchmarks/chkrebtii_stability.py``): use ``"paper"`` with a fixed ``lam`` for stiff or decaying
+        dynamics.
     times : array_like, optional
         Strictly increasing output times inside ``t_span`` (default: the grid).
     size : int, default 1
