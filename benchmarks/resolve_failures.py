@@ -60,7 +60,7 @@ def main() -> None:
             seconds = time.perf_counter() - start
         messages = [str(w.message) for w in caught if issubclass(w.category, pn.AccuracyWarning)]
         warned.extend(messages)
-        diagnostics = _diagnostics(loglik)
+        diagnostics = loglik.owner.inputs[0].owner.op.problem.diagnostics  # Sum(FenrirOp(...))
         label = ", ".join(f"{k}={v:g}" for k, v in settings.items()) or "defaults"
         print(f"| {label} | {value:.4f} | {value - exact:.3g} | "
               f"{seconds:.1f} | {diagnostics.n_tightened} | {diagnostics.n_tightening_failed} | "
@@ -80,16 +80,6 @@ def main() -> None:
         stats = sol.stats
         print(f"| {rtol:g} | {atol:g} | {stats['n_steps']} | {stats['n_rejected']} | {sol.success} | "
               f"{stats['max_error']:.3g} | {stats['max_defect']:.3g} |")
-
-
-def _diagnostics(loglik: pt.TensorVariable) -> pn.SolverDiagnostics:
-    """The counts of the Fenrir Op behind ``loglik``."""
-    from pytensor.graph.traversal import ancestors
-
-    from pymc_pnode.likelihoods.fenrir import FenrirOp
-
-    ops = [v.owner.op for v in ancestors([loglik]) if v.owner is not None and isinstance(v.owner.op, FenrirOp)]
-    return ops[0].problem.diagnostics
 
 
 if __name__ == "__main__":
