@@ -104,23 +104,22 @@ def cost_table(repeats: int) -> list[str]:
                 "rtol 1e-6, local κ": dict(rtol=1e-6, atol=1e-8)}
     for step in (0.1, 0.05, 0.04, 0.035, 0.02, 0.01):  # 0.04 and 0.035 bracket the defaults' accuracy
         variants[f"fixed step {step}, κ = 1"] = dict(step=step, diffusion=1.0)
-    fns, problems = {}, {}
+    fns, calls = {}, {}  # label: (value, steps, Fenrir problem or None for the peer); label: timed call
     for label, kwargs in variants.items():
         logp, both = loglik_function(ode, Y0, TIMES, data, SIGMA, **kwargs)
         both(THETA)
         value = float(logp(THETA))
         problem = [v for v in both.maker.fgraph.toposort() if hasattr(v.op, "problem")][0].op.problem
         grid = problem.solver_grid(Y0, THETA, data, SIGMA)
-        fns[label] = (both, value, grid.size - 1)
-        problems[label] = problem
-    calls = {label: (lambda both=both: both(THETA)) for label, (both, _, _) in fns.items()}
+        fns[label] = (value, grid.size - 1, problem)
+        calls[label] = lambda both=both: both(THETA)
     peer = load_peer()  # probdiffeq (the `bench` extra), fixed steps with diffusion 1, if importable
     for step in (0.05, 0.04, 0.035, 0.02) if peer is not None else ():  # 0.04, 0.035: about the defaults' accuracy
         label = f"probdiffeq, fixed step {step}, κ = 1 (jax.jit value_and_grad)"
         value, value_grad, _ = probdiffeq_functions(peer, data[:, 0], step)
         x = np.concatenate([Y0, THETA, [SIGMA]])
         n_steps = fixed_grid(np.union1d([0.0], TIMES), step).size - 1  # the peer's grid is ours
-        fns[label] = (None, value(x), n_steps)
+        fns[label] = (value(x), n_steps, None)
         calls[label] = lambda value_grad=value_grad, x=x: value_grad(x)
     times = {label: [] for label in fns}
     for _ in range(repeats):  # implementations take turns, call by call
@@ -131,9 +130,9 @@ def cost_table(repeats: int) -> list[str]:
     rows = ["| Fenrir | steps | logp+grad median [ms] | min [ms] | log-likelihood error at the truth [nats] | "
             "evaluations over the tolerance (fixed steps: the guard at the default rtol 1e-4) |",
             "| --- | --- | --- | --- | --- | --- |"]
-    for label, (_, value, n_steps) in fns.items():
+    for label, (value, n_steps, problem) in fns.items():
         t = np.array(times[label]) * 1e3
-        counts = problems[label].diagnostics if label in problems else None
+        counts = problem.diagnostics if problem is not None else None
         guard = f"{counts.n_over_tolerance} of {counts.n_evaluations}" if counts is not None else "–"
         rows.append(f"| {label} | {n_steps} | {np.median(t):.2f} | {t.min():.2f} | {abs(value - exact):.2e} | "
                     f"{guard} |")
