@@ -46,7 +46,7 @@ import numpy as np
 _SPOOL_DIR = os.path.join(tempfile.gettempdir(), "pymc_pnode_counts")
 _FLUSH_INTERVAL = 0.5  # seconds between a worker's spool-file updates
 _COUNTS = ("n_evaluations", "n_steps", "n_rejected", "n_over_tolerance", "n_failed", "n_unreliable_gradient",
-           "n_tightened", "n_tightening_failed", "n_equilibrium_gradient", "n_failed_draws")
+           "n_tightened", "n_tightening_failed", "n_equilibrium_gradient", "n_failed_draws", "n_calibration_gap")
 _SHARED_KEYS: set[str] = set()  # keys of counts shared with other processes by this one
 _WATCH_POLL = 0.5  # seconds between the watcher's looks at the spool files
 _WATCH_GRACE = 120.0  # a watcher whose processes write no counts within this time stops
@@ -70,6 +70,12 @@ REPRODUCIBILITY = 1e-3
 # atol / b)``, until one passes. The failures measured come from states far below atol that grow
 # (benchmarks/results/quadrature_check.md), hence the larger factor on atol.
 TIGHTER_TOLERANCES = ((10.0, 1e3), (100.0, 1e6))
+
+# A Fenrir likelihood with the global diffusion is checked against the same likelihood with the local diffusions
+# (the default, within 0.0024 nats of the exact likelihood where the global one was 3.3e3 nats off;
+# benchmarks/results/fenrir_defaults.md): a difference above this many nats is counted and warned. A nat is a
+# likelihood ratio of e, which moves a posterior.
+GLOBAL_CALIBRATION_GAP = 1.0
 
 
 def _before_fork() -> None:
@@ -270,6 +276,13 @@ class SolverDiagnostics:
         at any nearby input (logistic growth: −594 against the value's central difference −36,462;
         ``docs/fenrir.md``, "Known failures"). The value is accurate; the evaluation is not refused (a sampler's
         next point is almost surely off the equilibrium). Warns (once), with either kind of step.
+    n_calibration_gap : int
+        Evaluations with the global diffusion (``diffusion="global"``) whose log-likelihood differs from the one with
+        the local diffusions by more than :data:`GLOBAL_CALIBRATION_GAP` nats (each such evaluation also computes
+        the local value): one scalar diffusion for fast and slow phases makes the numerical variance of the slow ones
+        far too large (``docs/fenrir.md``, "Calibrated diffusion"). Warns (once).
+    max_calibration_gap : float
+        The largest such difference seen (nats).
     n_failed_draws : int
         Predictive draws (``pm.sample_prior_predictive``, ``pm.sample_posterior_predictive``) whose solve failed —
         no solution over the data's time span (a blow-up) or the solver gave up — and which are therefore NaN.
@@ -295,18 +308,21 @@ class SolverDiagnostics:
     n_tightening_failed: int = 0
     n_equilibrium_gradient: int = 0
     n_failed_draws: int = 0
+    n_calibration_gap: int = 0
     max_error: float = 0.0
+    max_calibration_gap: float = 0.0
     last_failure: str = ""
     last_tightening_failure: str = ""
     _warned: bool = field(default=False, repr=False)
     _warned_gradient: bool = field(default=False, repr=False)
     _warned_equilibrium: bool = field(default=False, repr=False)
     _warned_draws: bool = field(default=False, repr=False)
+    _warned_calibration: bool = field(default=False, repr=False)
     key: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
     _owner_pid: int = field(default_factory=os.getpid, repr=False)
     _counting_pid: int = field(default_factory=os.getpid, repr=False)  # the process these counts are from
     _last_flush: float = field(default=0.0, repr=False)
-    _reported: tuple = field(default=(0, 0, 0, 0), repr=False)
+    _reported: tuple = field(default=(0, 0, 0, 0, 0), repr=False)
 
     def __post_init__(self) -> None:
         _LIVE.setdefault(self.key, self)  # the fork hook shares these with the children (copies keep the key)
@@ -335,7 +351,7 @@ class SolverDiagnostics:
         """A copy in a new process (unpickled or forked) starts from zero and writes its spool file at exit."""
         for name in _COUNTS:
             setattr(self, name, 0)
-        self.max_error = 0.0
+        self.max_error = self.max_calibration_gap = 0.0
         self.last_tightening_failure = ""
         self._last_flush = 0.0
         self._counting_pid = os.getpid()
@@ -372,7 +388,8 @@ class SolverDiagnostics:
         os.makedirs(_SPOOL_DIR, exist_ok=True)
         path = os.path.join(_SPOOL_DIR, f"{self.key}.{os.getpid()}.json")
         with open(path + ".tmp", "w") as f:
-            json.dump({name: getattr(self, name) for name in (*_COUNTS, "max_error", "last_tightening_failure")}, f)
+            json.dump({name: getattr(self, name) for name in (*_COUNTS, "max_error", "max_calibration_gap",
+                                                              "last_tightening_failure")}, f)
         os.replace(path + ".tmp", path)
         self._last_flush = time.monotonic()
 
@@ -390,6 +407,7 @@ class SolverDiagnostics:
             for name in _COUNTS:
                 setattr(total, name, getattr(total, name) + int(other[name]))
             total.max_error = max(total.max_error, float(other["max_error"]))
+            total.max_calibration_gap = max(total.max_calibration_gap, float(other["max_calibration_gap"]))
             total.last_tightening_failure = total.last_tightening_failure or other.get("last_tightening_failure", "")
         return total
 
@@ -397,21 +415,24 @@ class SolverDiagnostics:
     def suggested_step(self) -> float | None:
         return None if self.step is None else suggested_step(self.step, self.max_error, self.order)
 
-    def _warning_counts(self) -> tuple[int, int, int, int]:
-        """The counts that warn: a fixed step's misses and failures, refused gradients and gradients at an
-        equilibrium (any step)."""
+    def _warning_counts(self) -> tuple[int, int, int, int, int]:
+        """The counts that warn: a fixed step's misses and failures, refused gradients, gradients at an
+        equilibrium (any step) and global diffusions far from the local ones."""
         failed = 0 if self.step is None else self.n_failed  # error control fails only where there is no solution
-        return self.n_over_tolerance, failed, self.n_unreliable_gradient, self.n_equilibrium_gradient
+        return (self.n_over_tolerance, failed, self.n_unreliable_gradient, self.n_equilibrium_gradient,
+                self.n_calibration_gap)
 
     def record(self, n_steps: int, n_rejected: int, max_error: float, failed: bool, warn: bool = True,
                unreliable_gradient: bool = False, failure: str = "", tightened: bool = False,
-               equilibrium_gradient: bool = False, tightening_failure: str = "") -> None:
+               equilibrium_gradient: bool = False, tightening_failure: str = "",
+               calibration_gap: float = 0.0) -> None:
         """Count one evaluation; warn (if ``warn``) the first time a solution misses the tolerances, the
         first time a gradient is refused (``unreliable_gradient``: a failure of that kind), the first time a
-        gradient is computed at an exact equilibrium (``equilibrium_gradient``), and an error-controlled failure
-        while no evaluation has succeeded. ``failure`` says why a failed solve stopped; ``tightened``: the
-        evaluation was solved again at tighter tolerances; ``tightening_failure``: why a tighter re-solve failed (the
-        looser solution was kept)."""
+        gradient is computed at an exact equilibrium (``equilibrium_gradient``), the first time a global diffusion's
+        value is more than :data:`GLOBAL_CALIBRATION_GAP` nats from the local diffusions' (``calibration_gap``, in
+        nats; 0 when not checked), and an error-controlled failure while no evaluation has succeeded. ``failure``
+        says why a failed solve stopped; ``tightened``: the evaluation was solved again at tighter tolerances;
+        ``tightening_failure``: why a tighter re-solve failed (the looser solution was kept)."""
         self._count_here()
         self.n_evaluations += 1
         self.n_tightened += int(tightened)
@@ -426,6 +447,12 @@ class SolverDiagnostics:
         if equilibrium_gradient and warn and not self._warned_equilibrium:
             self._warned_equilibrium = True
             warnings.warn(self.message(), AccuracyWarning, stacklevel=3)
+        if calibration_gap > GLOBAL_CALIBRATION_GAP:
+            self.n_calibration_gap += 1
+            self.max_calibration_gap = max(self.max_calibration_gap, float(calibration_gap))
+            if warn and not self._warned_calibration:
+                self._warned_calibration = True
+                warnings.warn(self.message(), AccuracyWarning, stacklevel=3)
         if unreliable_gradient:
             self.n_failed += 1
             self.n_unreliable_gradient += 1
@@ -511,6 +538,15 @@ class SolverDiagnostics:
                 f"point (the value itself is accurate; docs/fenrir.md, 'Known failures'). Start samplers and "
                 f"optimisers off exact equilibria (the default jitter of pm.sample does)."
             )
+        if self.n_calibration_gap:
+            parts.append(
+                f"with the global diffusion the log-likelihood is more than {GLOBAL_CALIBRATION_GAP:g} nat from the "
+                f"one with local diffusions at {self.n_calibration_gap} of {self.n_evaluations} evaluations so far "
+                f"(by up to {self.max_calibration_gap:.3g} nats): one diffusion for the whole solution makes the "
+                f"numerical variance of its slow phases far larger than their error, and the likelihood drifts from "
+                f"the exact one (docs/fenrir.md, 'Calibrated diffusion'). Use diffusion=None (local diffusions, the "
+                f"default)."
+            )
         if self.n_failed_draws:
             parts.append(
                 f"{self.n_failed_draws} predictive draw(s) so far have no solution over the data's time span and are "
@@ -533,7 +569,9 @@ class SolverDiagnostics:
             "n_tightening_failed": self.n_tightening_failed,
             "n_equilibrium_gradient": self.n_equilibrium_gradient,
             "n_failed_draws": self.n_failed_draws,
+            "n_calibration_gap": self.n_calibration_gap,
             "max_error": self.max_error,
+            "max_calibration_gap": self.max_calibration_gap,
             "suggested_step": self.suggested_step,
             "last_failure": self.last_failure,
             "last_tightening_failure": self.last_tightening_failure,

@@ -3,6 +3,8 @@
 References are independent: exact Gaussian log-likelihoods around DOP853 solutions at rtol = atol = 1e-12.
 """
 
+import multiprocessing
+import time
 import warnings
 
 import numpy as np
@@ -157,6 +159,87 @@ def test_a_fixed_step_is_never_silently_wrong(step):
             assert counts.suggested_step < step
         n_flagged += warned
     assert n_flagged >= 1  # every step here is too coarse somewhere in the box
+
+
+def _gap_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught
+            if issubclass(w.category, pn.AccuracyWarning) and "with the global diffusion" in str(w.message)]
+
+
+def test_a_global_diffusion_far_from_the_local_ones_is_counted_and_warned():
+    """``diffusion="global"``, one κ̂ for the whole solution, on the relaxation oscillator: at μ = 10 it was 3.3e3
+    nats off the exact log-likelihood (the local diffusions 0.0024) and nothing warned (2026-12-07,
+    benchmarks/results/fenrir_defaults.md). Each global evaluation now computes the local value too; more than
+    GLOBAL_CALIBRATION_GAP nats apart is counted and warned once, with either kind of step. Where the two agree
+    (μ = 0.5) it stays quiet. The value returned is still the global one."""
+    func, _, y0, times, truth, sd, _ = CASES["relaxation oscillator"]
+    ode = pn.ODE(func, n_states=2, n_theta=1)
+    y0 = np.array(y0)
+    data = _reference(func, y0, np.array(truth), times)[:, :1] + sd * np.random.default_rng(0).standard_normal(
+        (times.size, 1))
+    for control in (StepControl(), StepControl(0.01)):
+        glob, local = (_problem(ode, times, data, control, mode) for mode in (DIFFUSION_GLOBAL, DIFFUSION_LOCAL))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quiet_global, quiet_local = (p.evaluate(y0, [0.5], data, sd, 1.0)[0].sum() for p in (glob, local))
+            assert not _gap_warnings(caught)  # μ = 0.5: the two agree
+            far_global, far_local = (p.evaluate(y0, [10.0], data, sd, 1.0)[0].sum() for p in (glob, local))
+        exact = norm.logpdf(data[:, 0], _reference(func, y0, np.array([10.0]), times)[:, 0], sd).sum()
+        assert abs(quiet_global - quiet_local) < pymc_pnode.accuracy.GLOBAL_CALIBRATION_GAP
+        # why (error control: 3.3e3 against 0.0024 nats; step 0.01: 3.2 against 0.40)
+        assert abs(far_global - exact) > 1 and abs(far_local - exact) < 0.2 * abs(far_global - exact)
+        counts = glob.diagnostics
+        assert counts.n_evaluations == 2 and counts.n_calibration_gap == 1
+        # (the check solves at the global solve's tolerances, which may have been tightened: equal to ~1e-3 nats)
+        assert counts.max_calibration_gap == pytest.approx(abs(far_global - far_local), abs=0.01)
+        assert counts.as_dict()["n_calibration_gap"] == 1 and local.diagnostics.n_calibration_gap == 0
+        message = _gap_warnings(caught)[0]  # (a later warning of another kind repeats every part)
+        assert "diffusions at 1 of 2 evaluations" in message and "diffusion=None" in message
+
+
+def test_a_global_diffusion_is_checked_before_sampling():
+    """pn.Fenrir with ``diffusion="global"`` probes the initial point and prior draws when the model is built (as a
+    fixed step does); with the defaults nothing is probed."""
+    func, _, y0, times, truth, sd, _ = CASES["relaxation oscillator"]
+    ode = pn.ODE(func, n_states=2, n_theta=1)
+    data = _reference(func, np.array(y0), np.array(truth), times)[:, :1]
+
+    def build(**kwargs):
+        with pm.Model() as model:
+            mu = pm.Uniform("mu", 6.0, 10.0)
+            pn.Fenrir("y", ode, y0=y0, theta=mu[None], times=times, observed=data, obs_matrix=[[1.0, 0.0]],
+                      obs_sigma=sd, **kwargs)
+        return pn.fenrir_diagnostics(model)["y"]
+
+    with pytest.warns(pn.AccuracyWarning, match=r"initial point and 20 prior draws, the log-likelihood with the "
+                                                r"global diffusion is more than 1 nat from the one with local"):
+        build(diffusion="global")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        assert build().n_evaluations == 0
+
+
+def test_counts_of_other_processes_reach_this_one():
+    """A forked process's counts (here a calibration gap) reach the process that owns them through its spool file:
+    merged, and warned here once that process has exited."""
+    counts = SolverDiagnostics("probe")
+
+    def count_elsewhere():
+        counts.record(10, 0, 0.5, failed=False, warn=False, calibration_gap=5.0)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        child = multiprocessing.get_context("fork").Process(target=count_elsewhere)
+        child.start()
+        child.join()
+        deadline = time.monotonic() + 20.0
+        while time.monotonic() < deadline and not _gap_warnings(caught):
+            time.sleep(0.1)
+    total = counts.merged()
+    assert counts.n_evaluations == 0 and total.n_evaluations == 1 and total.n_steps == 10
+    assert total.n_calibration_gap == 1 and total.max_calibration_gap == 5.0
+    (message,) = _gap_warnings(caught)
+    assert message.startswith("after sampling in other processes: probe: ") and "by up to 5 nats" in message
 
 
 def _problem(ode, times, data, control, mode, solver=None):

@@ -258,9 +258,8 @@ def test_diagonal_ek1_fenrir_equals_dense_ek1_fenrir_with_the_jacobians_diagonal
     diagonal_jacobian = _diagonal_of(chain_ode.jac_y, D)
 
     class DiagonalJacobian(type(dense)):
-        @property
-        def functions(self):
-            return super().functions._replace(jac_y=diagonal_jacobian.address)
+        def kernel_functions(self, diffusion_mode):
+            return super().kernel_functions(diffusion_mode)._replace(jac_y=diagonal_jacobian.address)
 
     object.__setattr__(dense, "__class__", DiagonalJacobian)
     np.testing.assert_allclose(block.evaluate(*args, warn=False)[0], dense.evaluate(*args, warn=False)[0], rtol=1e-9)

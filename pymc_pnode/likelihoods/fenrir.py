@@ -23,6 +23,7 @@ from pytensor.tensor.rewriting.basic import register_specialize
 
 from pymc_pnode._jit import register_numba
 from pymc_pnode.accuracy import (
+    GLOBAL_CALIBRATION_GAP,
     RESCALE,
     AccuracyWarning,
     SolverDiagnostics,
@@ -233,10 +234,11 @@ class FenrirProblem:
         """The kernel's outputs and the kernel that produced them: the checkpointed one when the default one says
         that the evaluation would store more than :attr:`memory_budget` (with error control, the steps that fit in
         it are stepped twice)."""
-        out = self.kernel(self.functions, args, self.initial_root)
+        functions = self.kernel_functions(args.diffusion_mode)
+        out = self.kernel(functions, args, self.initial_root)
         if int(out[3][4]) != STATUS_CHECKPOINTS:
             return out, self.kernel
-        return self.checkpointed_kernel(self.functions, args, self.initial_root), self.checkpointed_kernel
+        return self.checkpointed_kernel(functions, args, self.initial_root), self.checkpointed_kernel
 
     @cached_property
     def stepping(self) -> Stepping:
@@ -252,10 +254,15 @@ class FenrirProblem:
 
     @property
     def functions(self) -> FenrirFunctions:
-        """The ODE's generated functions the Fenrir kernel calls, for this problem's IWP order (not cached: the
-        addresses belong to this process, and a problem may be pickled to another)."""
+        """The ODE's generated functions the Fenrir kernel calls, for this problem's IWP order and diffusion (not
+        cached: the addresses belong to this process, and a problem may be pickled to another)."""
+        return self.kernel_functions(self.diffusion_mode)
+
+    def kernel_functions(self, diffusion_mode: int) -> FenrirFunctions:
+        """:attr:`functions` for a kernel call in ``diffusion_mode`` (an EK0 with local diffusions also needs the
+        bound of f's rounding)."""
         ode, order = self.ode, self.solver.order
-        scale = ode.term_scale_addresses(not self.solver.ek1 and self.diffusion_mode == DIFFUSION_LOCAL)
+        scale = ode.term_scale_addresses(not self.solver.ek1 and diffusion_mode == DIFFUSION_LOCAL)
         return FenrirFunctions(*ode.field_addresses, ode.hess_contract.address,
                                ode.taylor_coefficients(order).address, ode.taylor_vjp(order).address, *scale)
 
@@ -284,7 +291,7 @@ class FenrirProblem:
         rescaled cotangents (:func:`~pymc_pnode.accuracy.reproducible`)."""
         again = arguments._replace(cotangent=arguments.cotangent * RESCALE,
                                    end_cotangent=arguments.end_cotangent * RESCALE)
-        _, grad2, ok, _, _, _ = kernel(self.functions, again, self.initial_root)
+        _, grad2, ok, _, _, _ = kernel(self.kernel_functions(arguments.diffusion_mode), again, self.initial_root)
         return bool(ok) and reproducible([grad], [grad2])
 
     def _segment(self, arguments: FenrirArguments, segment: Segment, y_start: np.ndarray, want_grad: bool,
@@ -359,6 +366,7 @@ class FenrirProblem:
         max_err = math.nan
         unreliable = tightened = equilibrium = False
         failure = cut_short = ""
+        calibration_gap = 0.0
         grid = self.segments[0].grid[:1]
         if ok:
             first = self.segments[0]
@@ -368,9 +376,12 @@ class FenrirProblem:
                 np.zeros(ode.n_states), float(self.memory_budget),
             )
 
+            arguments_of = {}  # id(attempt): its arguments
+
             def solve(rtol: float, atol: float):
-                attempt = self._segments(arguments._replace(control=self.stepping._replace(rtol=rtol, atol=atol)),
-                                         jumps, want_grad)
+                attempt_arguments = arguments._replace(control=self.stepping._replace(rtol=rtol, atol=atol))
+                attempt = self._segments(attempt_arguments, jumps, want_grad)
+                arguments_of[id(attempt)] = attempt_arguments
                 return attempt, self._solved(attempt), _accuracy(attempt)
 
             # error control whose solution fails the quadrature check, or whose atol does not resolve y0, is solved
@@ -391,13 +402,29 @@ class FenrirProblem:
             unreliable = any(r.unreliable for r in results)
             equilibrium = want_grad and ok and uninformed_derivatives(
                 int(sum(r.info[7] for r in results)), self.control.adaptive, self.diffusion_mode == DIFFUSION_LOCAL)
+            if ok and self.diffusion_mode == DIFFUSION_GLOBAL:
+                calibration_gap = self._global_calibration_gap(arguments_of[id(results)], jumps, terms)
         (self.diagnostics if diagnostics is None else diagnostics).record(
             n_steps, n_rejected, max_err, failed=not ok, warn=warn, unreliable_gradient=unreliable, failure=failure,
-            tightened=tightened, equilibrium_gradient=equilibrium, tightening_failure=cut_short)
+            tightened=tightened, equilibrium_gradient=equilibrium, tightening_failure=cut_short,
+            calibration_gap=calibration_gap)
         if not ok:
             terms = np.full(data.shape[0], -np.inf)
             grad = np.zeros(self.n_directions)
         return terms, grad, grid
+
+
+    def _global_calibration_gap(self, arguments: FenrirArguments, jumps: np.ndarray, terms: np.ndarray) -> float:
+        """How far (nats) the log-likelihood ``terms`` computed with the global diffusion is from the one with the
+        local diffusions on the same kind of grid (the same tolerances or fixed step; value only), ``inf`` if that
+        solve fails. One scalar κ̂ must cover the fast and the slow phases of a solution: where they differ (a
+        relaxation oscillator) the slow phases get a numerical variance orders of magnitude above their error and
+        the global value drifts from the exact one by thousands of nats, while the local one stays within the
+        tolerance (``docs/fenrir.md``, "Calibrated diffusion")."""
+        local = self._segments(arguments._replace(diffusion_mode=DIFFUSION_LOCAL), jumps, False)
+        if not self._solved(local):
+            return math.inf
+        return abs(float(np.sum(terms)) - float(sum(np.sum(r.terms) for r in local)))
 
 
 def _step_counts(results: list[SegmentResult]) -> tuple[int, int]:
@@ -623,7 +650,10 @@ def fenrir_loglik(
     diffusion : float, TensorVariable, "local" or "global", optional
         The diffusion ``κ > 0``. Default (``None`` or ``"local"``): calibrated at every step of every
         evaluation (local quasi-MLE, from a first pass at unit diffusion; see docs/fenrir.md);
-        ``"global"``: one quasi-MLE per evaluation.
+        ``"global"``: one quasi-MLE per evaluation (Tronarp et al., 2019, Prop. 4), checked at every evaluation
+        against the value with local diffusions (an :class:`~pymc_pnode.AccuracyWarning` when they differ by
+        more than :data:`~pymc_pnode.accuracy.GLOBAL_CALIBRATION_GAP` nats; the check costs a value-only
+        evaluation).
     solver : EK0 or EK1, default ``EK1(order=3)``
     step : float, optional
         A fixed solver step (the grid is refined to contain every observation time). Default: the
@@ -753,11 +783,12 @@ def Fenrir(
         As in :func:`fenrir_loglik`; ``y0``, ``theta``, ``obs_sigma``, ``diffusion`` and ``jumps`` may be
         random variables of the model.
     check_accuracy : bool, default True
-        With a fixed ``step``: evaluate the likelihood at the model's initial point and at 20 prior
-        draws now, and warn (:class:`~pymc_pnode.AccuracyWarning`) when the step misses the
-        tolerances there. Every later evaluation is checked too, in the process that runs it; chains
-        sampled in worker processes (``pm.sample(cores>1)``) are reported in this process with their
-        totals once the workers have exited.
+        With a fixed ``step`` or ``diffusion="global"``: evaluate the likelihood at the model's initial point and
+        at 20 prior draws now, and warn (:class:`~pymc_pnode.AccuracyWarning`) when the step misses the
+        tolerances there, or the global diffusion's value is more than
+        :data:`~pymc_pnode.accuracy.GLOBAL_CALIBRATION_GAP` nats from the local diffusions'. Every later
+        evaluation is checked too, in the process that runs it; chains sampled in worker processes
+        (``pm.sample(cores>1)``) are reported in this process with their totals once the workers have exited.
     observed : array_like, shape (T, m)
         The data.
     dims : tuple of str, optional
@@ -806,7 +837,7 @@ def Fenrir(
     )
     model = pm.modelcontext(None)
     _DIAGNOSTICS.setdefault(model, {})[name] = problem.diagnostics
-    if check_accuracy and not control.adaptive:
+    if check_accuracy and (not control.adaptive or problem.diffusion_mode == DIFFUSION_GLOBAL):
         _check_accuracy_before_sampling(model, problem, filled, [y0, theta, sigma, kappa, *jump_parameters])
     return observed_rv
 
@@ -834,7 +865,8 @@ def fenrir_diagnostics(model: pm.Model | None = None) -> dict[str, SolverDiagnos
 
 
 def _check_accuracy_before_sampling(model, problem: FenrirProblem, filled, parameters) -> None:
-    """Warn when a fixed step misses the tolerances at the initial point or at prior draws."""
+    """Warn when a fixed step misses the tolerances, or a global diffusion is far from the local ones, at the
+    initial point or at prior draws."""
     values = model.replace_rvs_by_values(parameters)
     at_initial_point = model.compile_fn(values, inputs=model.value_vars, on_unused_input="ignore")
     points = [at_initial_point(model.initial_point())]
@@ -849,7 +881,16 @@ def _check_accuracy_before_sampling(model, problem: FenrirProblem, filled, param
     probe = SolverDiagnostics(problem.diagnostics.label, problem.step, problem.solver.order)
     for y0, theta, sigma, kappa, *jumps in points:
         problem.evaluate(y0, theta, filled, sigma, kappa, *jumps, diagnostics=probe, warn=False)
-    if probe.n_over_tolerance or probe.n_failed:
+    if probe.n_calibration_gap:
+        warnings.warn(
+            f"{probe.label}: {where}, the log-likelihood with the global diffusion is more than "
+            f"{GLOBAL_CALIBRATION_GAP:g} nat from the one with local diffusions in {probe.n_calibration_gap} of "
+            f"{probe.n_evaluations} evaluations (by up to {probe.max_calibration_gap:.3g} nats). Use diffusion=None "
+            f"(local diffusions, the default).",
+            AccuracyWarning,
+            stacklevel=3,
+        )
+    if probe.step is not None and (probe.n_over_tolerance or probe.n_failed):
         warnings.warn(
             f"{probe.label}: {where}, the fixed step "
             f"{probe.step:g} misses the tolerances (rtol={problem.control.rtol:g}, atol={problem.control.atol:g}) "
