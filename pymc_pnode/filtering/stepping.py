@@ -227,5 +227,6 @@ def jumps_in_t(rhs, theta: np.ndarray, y: np.ndarray, zhat: np.ndarray, t_new: f
 def grow_rows(arr: np.ndarray, cap: int) -> np.ndarray:
     """A copy of ``arr`` with room for ``cap`` rows (the first ``len(arr)`` rows copied)."""
     out = np.empty((cap,) + arr.shape[1:], dtype=arr.dtype)
-    out[: arr.shape[0]] = arr
+    # as flat vectors (both C-contiguous, rows leading): numba compiles an n-d slice assignment into much more code
+    out.reshape(-1)[: arr.size] = arr.reshape(-1)
     return out
