@@ -332,6 +332,19 @@ def test_adaptive_steps_hit_every_output_time(lv_ode):
     assert sol.stats["n_steps"] > 10
 
 
+@pytest.mark.parametrize("shape, dtype", [((5,), np.int64), ((5,), float), ((5, 3), float), ((5, 3, 2), float),
+                                          ((5, 2, 3, 4), float)])
+def test_grow_rows_keeps_every_row_of_every_rank(shape, dtype):
+    """The copy an adaptive run makes when it outgrows its arrays (flat vectors since 2026-12-07): every old entry in
+    place, room for the new rows, whatever the rank."""
+    from pymc_pnode.filtering.stepping import grow_rows
+
+    arr = (np.random.default_rng(0).random(shape) * 100).astype(dtype)
+    out = grow_rows(arr, 9)
+    assert out.shape == (9,) + shape[1:] and out.dtype == arr.dtype
+    np.testing.assert_array_equal(out[:5], arr)
+
+
 def test_to_xarray(lv_ode):
     sol = pn.solve(lv_ode, [1.0, 1.0], [1.5, 1.0, 3.0, 1.0], (0.0, 1.0), step=0.1)
     ds = sol.to_xarray()
