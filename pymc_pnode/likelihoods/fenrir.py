@@ -413,7 +413,6 @@ class FenrirProblem:
             grad = np.zeros(self.n_directions)
         return terms, grad, grid
 
-
     def _global_calibration_gap(self, arguments: FenrirArguments, jumps: np.ndarray, terms: np.ndarray) -> float:
         """How far (nats) the log-likelihood ``terms`` computed with the global diffusion is from the one with the
         local diffusions on the same kind of grid (the same tolerances or fixed step; value only), ``inf`` if that
