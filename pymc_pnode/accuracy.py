@@ -282,7 +282,7 @@ class SolverDiagnostics:
         the local value): one scalar diffusion for fast and slow phases makes the numerical variance of the slow ones
         far too large (``docs/fenrir.md``, "Calibrated diffusion"). Warns (once).
     max_calibration_gap : float
-        The largest such difference seen (nats).
+        The largest such difference seen (nats); ``inf`` when the check's own solve with local diffusions failed.
     n_failed_draws : int
         Predictive draws (``pm.sample_prior_predictive``, ``pm.sample_posterior_predictive``) whose solve failed —
         no solution over the data's time span (a blow-up) or the solver gave up — and which are therefore NaN.
@@ -539,10 +539,13 @@ class SolverDiagnostics:
                 f"optimisers off exact equilibria (the default jitter of pm.sample does)."
             )
         if self.n_calibration_gap:
+            # (infinite where the check's own solve with local diffusions failed: no local value to compare with)
+            gap_size = (f"by up to {self.max_calibration_gap:.3g} nats" if math.isfinite(self.max_calibration_gap)
+                        else "at least one of them because the check's solve with local diffusions failed")
             parts.append(
                 f"with the global diffusion the log-likelihood is more than {GLOBAL_CALIBRATION_GAP:g} nat from the "
                 f"one with local diffusions at {self.n_calibration_gap} of {self.n_evaluations} evaluations so far "
-                f"(by up to {self.max_calibration_gap:.3g} nats): one diffusion for the whole solution makes the "
+                f"({gap_size}): one diffusion for the whole solution makes the "
                 f"numerical variance of its slow phases far larger than their error, and the likelihood drifts from "
                 f"the exact one (docs/fenrir.md, 'Calibrated diffusion'). Use diffusion=None (local diffusions, the "
                 f"default)."

@@ -3,6 +3,7 @@
 References are independent: exact Gaussian log-likelihoods around DOP853 solutions at rtol = atol = 1e-12.
 """
 
+import math
 import multiprocessing
 import time
 import warnings
@@ -240,6 +241,17 @@ def test_counts_of_other_processes_reach_this_one():
     assert total.n_calibration_gap == 1 and total.max_calibration_gap == 5.0
     (message,) = _gap_warnings(caught)
     assert message.startswith("after sampling in other processes: probe: ") and "by up to 5 nats" in message
+
+
+def test_a_failed_check_solve_is_named_in_the_warning():
+    """The check's solve with local diffusions can fail where the global one succeeded: no local value to compare
+    with. Counted as a gap, and the warning says why rather than quoting an infinite number of nats."""
+    counts = SolverDiagnostics("probe")
+    counts.record(10, 0, 0.5, failed=False, warn=False, calibration_gap=math.inf)
+    assert counts.n_calibration_gap == 1 and counts.max_calibration_gap == math.inf
+    assert "the check's solve with local diffusions failed" in counts.message() and "inf nats" not in counts.message()
+    counts.record(10, 0, 0.5, failed=False, warn=False, calibration_gap=3.0)
+    assert counts.n_calibration_gap == 2 and "failed" in counts.message()
 
 
 def _problem(ode, times, data, control, mode, solver=None):
