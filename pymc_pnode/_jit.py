@@ -24,9 +24,7 @@ JIT = dict(cache=True, error_model="numpy", nogil=True)
 # more cold compile time for a FitzHugh–Nagumo kernel (117 against 50 s; benchmarks/results/compile_profile.md).
 # numba compiles each force-inlined function on its own as well, to machine code that is never called; the
 # large phases that a kernel calls once (the forward pass) are therefore inlined at numba's IR level
-# (``inline="always"``), which skips that compile (the Fenrir kernel: 109 → 71 s, same run time), and so are the
-# helpers with a single call site (``smoother.backward_step``, ``backward_step_adjoint``, ``odefilter.rescale_roots``,
-# ``_truncate_run``: ≈ 7 s less, docs/benchmarks.md, "Cold compile of a Fenrir kernel").
+# (``inline="always"``), which skips that compile (the Fenrir kernel: 109 → 71 s, same run time).
 # Every kernel with these options compiles with the SLP vectoriser (:func:`slp_vectorization`): numba
 # optimises a helper once, inside the first kernel that needs it, caches that bitcode and inlines it into
 # every later kernel, so helpers shared by kernels compiled with different LLVM settings made a kernel's speed

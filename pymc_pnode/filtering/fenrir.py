@@ -712,8 +712,8 @@ def _fenrir_kernel(q: int, n_states: int, structure: str, checkpointed: bool = F
     The sizes are closure constants, so numba compiles (and caches on disk) one kernel per
     ``(q, n_states)``: with the helpers inlined (``_jit.INLINE_JIT``), LLVM sees fixed trip counts in every
     small dense loop, unrolls them and, with ``slp_vectorization``, turns them into vector
-    instructions. Compiling a new ``(q, n_states)`` takes one to two minutes once (76–85 s for ``(3, 2)`` into
-    an empty cache on the development machine, 2026-12-07; ``benchmarks/compile_events.py``). The gain is in small
+    instructions. Compiling a new ``(q, n_states)`` takes one to two minutes once (86–140 s for ``(3, 2)`` into
+    an empty cache on the development machine, 2026-12-07; ``benchmarks/compile_profile.py``). The gain is in small
     systems; a kernel of its own for every larger ``d`` would make each new model size pay that compile
     (``n_states = 0``: ``d`` is read from ``y0`` at run time).
     """

@@ -129,7 +129,7 @@ def _grow_run(run: ForwardRun, cap: int, keep: bool, root_slots: int) -> Forward
                       grow_rows(run.zhat, cap), grow_rows(run.step, cap), kappa, local_kappa, run.root_stride)
 
 
-@nb.njit(inline="always", **INLINE_JIT)
+@nb.njit(**INLINE_JIT)
 def _truncate_run(run: ForwardRun, n_pts: int, keep: bool, root_stride: int) -> ForwardRun:
     kept = n_pts if keep else 1
     n_roots, n_pred = n_pts, kept
@@ -352,7 +352,7 @@ def refilter(field: VectorField, run: ForwardRun, rq: np.ndarray, q: int, d: int
     return new, True
 
 
-@nb.njit(inline="always", **INLINE_JIT)
+@nb.njit(**INLINE_JIT)
 def rescale_roots(run: ForwardRun, kappa: float) -> None:
     """Global calibration: covariances of a filter with ``Σ₀ = 0`` scale with ``κ`` and its means do not, so a
     unit-diffusion run becomes the run at ``κ`` by scaling every root by ``√κ`` (in place; a thin run's
@@ -360,20 +360,14 @@ def rescale_roots(run: ForwardRun, kappa: float) -> None:
     sqrt_kappa = math.sqrt(kappa)
     r, r_pred, steps, kappas = run.r, run.r_pred, run.step, run.kappa
     n_pts = run.grid.shape[0]
-    # element loops over flat views: `r[j] *= s` compiled into a temporary array and a broadcasting assignment with
-    # its own error path (seconds of every kernel's cold compile)
-    roots = r.reshape(-1)
-    for i in range(r[0].size, roots.size):
-        roots[i] *= sqrt_kappa
+    for j in range(1, r.shape[0]):
+        r[j] *= sqrt_kappa
     with_predictions = r_pred.shape[0] == n_pts  # (a run for the adjoints)
     with_steps = steps.shape[0] == n_pts
-    pred_roots = r_pred.reshape(-1)
-    per_point = r_pred.size // max(r_pred.shape[0], 1)
     for n in range(1, n_pts):
         kappas[n] = kappa
         if with_predictions:
-            for i in range(n * per_point, (n + 1) * per_point):
-                pred_roots[i] *= sqrt_kappa
+            r_pred[n] *= sqrt_kappa
         if with_steps:
             steps[n, 2, 0] = sqrt_kappa
 

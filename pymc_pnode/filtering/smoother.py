@@ -117,7 +117,7 @@ def backward_kernel(
     copy_transposed(stack, dd, lam, 0)
 
 
-@nb.njit(inline="always", **INLINE_JIT)
+@nb.njit(**INLINE_JIT)
 def backward_step(
     mu_prev: np.ndarray, r_prev: np.ndarray, r_pred: np.ndarray, step: np.ndarray, rq: np.ndarray, q: int, d: int,
     mean: np.ndarray, root: np.ndarray, work: BackwardWork,
@@ -148,7 +148,7 @@ def backward_step(
     copy_transposed(stack, dd, root, 0)
 
 
-@nb.njit(inline="always", **INLINE_JIT)
+@nb.njit(**INLINE_JIT)
 def backward_step_adjoint(
     g: np.ndarray, r_pred: np.ndarray, mean_diff: np.ndarray, cov_diff: np.ndarray, step: np.ndarray, q: int, d: int,
     bar: Cotangent, inj: Cotangent, work: BackwardAdjointWork,
@@ -213,9 +213,7 @@ def backward_step_adjoint(
         inj_mu[j] += mbar[j]
         mbar[j] = tmp_a[j]
         tmp_a[j] = -tmp_a[j]
-    for i in range(dd):  # (not `sbar[:, :] = gbar`: numba compiles a slice assignment into far more code)
-        for j in range(dd):
-            sbar[i, j] = gbar[i, j]
+    sbar[:, :] = gbar
 
 
 @nb.njit(**INLINE_JIT)
