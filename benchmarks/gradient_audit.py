@@ -1,9 +1,12 @@
-"""Fenrir at its defaults on seven ODEs and boxes of their own: value and gradient against the exact likelihood's.
+"""Fenrir at its defaults on thirteen ODEs and boxes of their own: value and gradient against the exact likelihood's.
 
 Seven small models — Michaelis–Menten with product decay, the Brusselator, a damped pendulum with its angle
 observed, SIR with the infected fraction observed, Van der Pol with μ from 0.5 to 5, Gompertz growth with one state,
 Lotka–Volterra with four parameters (Van der Pol and Lotka–Volterra also appear in the defaults' accuracy tests,
-with other settings; the Brusselator and SIR are checked by ``tests/test_fenrir_defaults.py`` too) —
+with other settings; the Brusselator and SIR are checked by ``tests/test_fenrir_defaults.py`` too) — and six added
+on 2026-12-08 with other state dimensions and kinds: Lorenz-63 over three time units, Robertson's stiff kinetics
+(exact reference by Radau, ``REFERENCE_METHOD``), SEIR with four states, a damped oscillator driven in ``t``,
+logistic growth from 10 to 10⁴ and a six-state repressilator with its Hill exponent as a parameter;
 each with data simulated at its true parameters. At random points of
 a box around them (log-uniform, the factors in ``PROBLEMS``) the default ``pn.fenrir_loglik`` (error control,
 local calibrated diffusion; no step, no diffusion given) and its gradient are compared with the exact Gaussian
@@ -59,6 +62,39 @@ def lotka_volterra(y, t, p):
     return [p[0] * y[0] - p[1] * y[0] * y[1], p[2] * y[0] * y[1] - p[3] * y[1]]
 
 
+def lorenz(y, t, p):
+    return [p[0] * (y[1] - y[0]), y[0] * (p[1] - y[2]) - y[1], y[0] * y[1] - p[2] * y[2]]
+
+
+def robertson(y, t, p):
+    # Robertson's chemical kinetics: rate constants 0.04, 3e7, 1e4, a classic stiff problem.
+    return [-p[0] * y[0] + p[2] * y[1] * y[2], p[0] * y[0] - p[2] * y[1] * y[2] - p[1] * y[1] ** 2,
+            p[1] * y[1] ** 2]
+
+
+def seir(y, t, p):
+    infections = p[0] * y[0] * y[2]
+    return [-infections, infections - p[1] * y[1], p[1] * y[1] - p[2] * y[2], p[2] * y[2]]
+
+
+def forced_oscillator(y, t, p):
+    # A damped oscillator driven at angular frequency p[2]: the vector field depends on t.
+    return [y[1], -p[0] * y[0] - p[1] * y[1] + np.cos(p[2] * t)]
+
+
+def logistic(y, t, p):
+    # Growth to a carrying capacity p[1] of 10⁴ from 10: states far above atol, a relative scale of 10³.
+    return [p[0] * y[0] * (1 - y[0] / p[1])]
+
+
+def repressilator(y, t, p):
+    # Three genes repressing each other in a cycle (mRNA y[0:3], protein y[3:6]), Hill exponent p[2].
+    alpha, beta, hill = p[0], p[1], p[2]
+    return [-y[0] + alpha / (1 + y[5] ** hill) + 0.5, -y[1] + alpha / (1 + y[3] ** hill) + 0.5,
+            -y[2] + alpha / (1 + y[4] ** hill) + 0.5, -beta * (y[3] - y[0]), -beta * (y[4] - y[1]),
+            -beta * (y[5] - y[2])]
+
+
 # name: (f, y0, true θ, box factors (low, high), observation times, observed states, noise sd)
 PROBLEMS = {
     "Michaelis–Menten": (michaelis_menten, [5.0, 0.0], [1.0, 2.0, 0.3], (0.3, 3.0), np.linspace(0.5, 10, 15),
@@ -70,16 +106,29 @@ PROBLEMS = {
     "Gompertz": (gompertz, [0.5], [0.5, 10.0], (0.5, 2.0), np.linspace(1, 15, 12), [0], 0.2),
     "Lotka–Volterra (4 parameters)": (lotka_volterra, [1.0, 1.0], [1.5, 1.0, 1.0, 3.0], (0.6, 1.6),
                                       np.linspace(0.5, 10, 20), [0, 1], 0.15),
+    "Lorenz": (lorenz, [1.0, 1.0, 1.0], [10.0, 28.0, 8.0 / 3.0], (0.8, 1.25), np.linspace(0.1, 3, 30), [0], 1.0),
+    "Robertson (stiff)": (robertson, [1.0, 0.0, 0.0], [0.04, 3e7, 1e4], (0.5, 2.0), np.geomspace(0.1, 100, 20),
+                          [0, 2], 0.01),
+    "SEIR": (seir, [0.99, 0.0, 0.01, 0.0], [0.8, 0.3, 0.2], (0.7, 1.4), np.linspace(2, 80, 25), [2], 0.01),
+    "forced oscillator": (forced_oscillator, [0.0, 0.0], [2.0, 0.3, 1.2], (0.7, 1.4), np.linspace(0.5, 20, 30),
+                          [0], 0.05),
+    "logistic, 10 to 10⁴": (logistic, [10.0], [0.5, 1e4], (0.7, 1.4), np.linspace(1, 30, 20), [0], 100.0),
+    "repressilator (6 states)": (repressilator, [1.0, 2.0, 3.0, 1.0, 2.0, 3.0], [50.0, 2.0, 2.0], (0.7, 1.4),
+                                 np.linspace(1, 40, 30), [3, 4, 5], 2.0),
 }
 
 
-def reference_solution(f, y0, theta, times):
-    return solve_ivp(lambda t, y: f(y, t, theta), (0.0, times[-1]), y0, t_eval=times, method="DOP853",
+# The reference solver where DOP853 would need millions of steps (implicit, at the same tolerances).
+REFERENCE_METHOD = {"Robertson (stiff)": "Radau"}
+
+
+def reference_solution(f, y0, theta, times, method="DOP853"):
+    return solve_ivp(lambda t, y: f(y, t, theta), (0.0, times[-1]), y0, t_eval=times, method=method,
                      rtol=1e-12, atol=1e-12)
 
 
-def exact_loglik(f, y0, theta, times, data, rows, sd) -> float:
-    solution = reference_solution(f, y0, theta, times)
+def exact_loglik(f, y0, theta, times, data, rows, sd, method="DOP853") -> float:
+    solution = reference_solution(f, y0, theta, times, method)
     if not solution.success:
         return -np.inf
     residual = data - solution.y[rows].T
@@ -99,7 +148,8 @@ def relative_central_differences(function, x: np.ndarray, spacing: float) -> np.
 def audit(name: str, n_points: int, rng: np.random.Generator, details: list[str]) -> str:
     f, y0, theta, (low, high), times, rows, sd = PROBLEMS[name]
     y0, theta = np.asarray(y0), np.asarray(theta)
-    data = reference_solution(f, y0, theta, times).y[rows].T
+    method = REFERENCE_METHOD.get(name, "DOP853")
+    data = reference_solution(f, y0, theta, times, method).y[rows].T
     data = data + sd * rng.standard_normal(data.shape)
     ode = pn.ODE(f, n_states=y0.size, n_theta=theta.size)
     theta_var = pt.dvector("theta")
@@ -116,9 +166,9 @@ def audit(name: str, n_points: int, rng: np.random.Generator, details: list[str]
             value, gradient = function(point)
         flagged = any(issubclass(w.category, pn.AccuracyWarning) for w in caught)
         warned += flagged
-        exact = exact_loglik(f, y0, point, times, data, rows, sd)
+        exact = exact_loglik(f, y0, point, times, data, rows, sd, method)
         exact_grad = relative_central_differences(
-            lambda th: exact_loglik(f, y0, th, times, data, rows, sd), point, 1e-6)
+            lambda th: exact_loglik(f, y0, th, times, data, rows, sd, method), point, 1e-6)
         own_difference = relative_central_differences(lambda th: function(th)[0], point, 1e-7)
         grid_motion = np.linalg.norm(gradient - own_difference) / max(1.0, np.linalg.norm(own_difference))
         grid_motions.append(grid_motion)
