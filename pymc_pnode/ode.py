@@ -167,6 +167,8 @@ class ODE:
 
     def _outputs(self, out) -> list[Variable]:
         """The traced field's value as ``n_states`` scalar expressions."""
+        if isinstance(out, np.ndarray) and out.dtype == object and out.ndim == 1:  # np.array([...]) of expressions
+            out = list(out)
         if isinstance(out, (list, tuple)):
             outs = [pt.as_tensor_variable(o) for o in out]
         else:

@@ -217,6 +217,12 @@ def test_generated_code_is_reused_from_disk(tmp_path):
     assert second["taylor"] == first["taylor"] and np.isfinite(first["taylor"]).all()
 
 
+def test_a_numpy_array_of_expressions_is_accepted():
+    # np.array([...]) of traced expressions is an object array (pm.ode rejects it); its entries are the field
+    ode = pn.ODE(lambda y, t, p: np.array([y[1], -p[0] * y[0]]), n_states=2, n_theta=1)
+    assert np.allclose(ode.f([0.3, 0.2], 0.0, [2.0]), [0.2, -0.6])
+
+
 def test_wrong_output_length_names_func():
     with pytest.raises(ValueError, match="func returned 1 values but n_states=2"):
         pn.ODE(lambda y, t, p: [y[0]], n_states=2, n_theta=0)
