@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", default="pymc_pnode_demo.png")
     args = parser.parse_args(argv)
 
+    import warnings
+
+    # Two notices that do not concern this run: PyTensor's C backend without BLAS (the demo samples with nutpie's
+    # numba backend, and the Fenrir kernel is numba code) and ArviZ's announcement of its next major version.
+    warnings.filterwarnings("ignore", message="PyTensor could not link to a BLAS")
+    warnings.filterwarnings("ignore", message=r"\s*ArviZ is undergoing a major refactor", category=FutureWarning)
     import arviz as az
     import matplotlib
 
