@@ -144,7 +144,7 @@ class PNSolutionProblem:
         jac_mean, jac_std, cov, jac_cov, rounding = self._jacobians(sol, theta, seeds)
         refused = False
         if needs_rounding_check(rounding):
-            again = self._jacobians(sol, theta, seeds * RESCALE)
+            again = self._jacobians(sol, theta, seeds * RESCALE, RESCALE)
             refused = not reproducible((jac_mean, jac_std, jac_cov), (again[0], again[1], again[3]))
         local = solve_diffusion_mode(self.diffusion, self.step is None)[0] == DIFFUSION_LOCAL
         equilibrium = not refused and uninformed_derivatives(sol.stats["n_at_equilibrium"], self.step is None, local)
@@ -156,10 +156,11 @@ class PNSolutionProblem:
         return Evaluation(sol.mean, sol.std, cov.reshape(self.n_cov, self.n_cov), jac_mean, jac_std,
                           jac_cov.reshape(self.n_cov, self.n_cov, self.n_directions), np.array([0.0]))
 
-    def _jacobians(self, sol, theta: np.ndarray, seeds: np.ndarray):
+    def _jacobians(self, sol, theta: np.ndarray, seeds: np.ndarray, scale: float = 1.0):
         """Jacobians of the solve ``sol`` from the initial mean's tangents ``seeds`` ``(D, P)``: ``(jac_mean,
         jac_std, cov, jac_cov, rounding)`` (``cov`` the covariance across times, ``rounding`` the tangents'
-        largest rounding bound)."""
+        largest rounding bound). ``scale``: every direction times it (the seeds come scaled; the θ directions'
+        own terms at each step are scaled by the kernel), for the rounding check."""
         ode, d = self.ode, self.ode.n_states
         n_out, n_dir = self.times.size, self.n_directions
         run = stored_run(sol.run.grid, sol.run.mu, sol.run.r, sol.run.kappa, sol.out_index)
@@ -176,8 +177,8 @@ class PNSolutionProblem:
         else:  # the block-diagonal EK1 needs the rows ∂²f_i/∂y_i∂(y, θ) only
             hess_y, hess_p = ode.hess_rows_y.address, ode.hess_rows_p.address
         mode = solve_diffusion_mode(self.diffusion, self.step is None)[0]
-        scale = ode.term_scale_addresses(not ek1 and mode == DIFFUSION_LOCAL)
-        field = TangentField(*ode.field_addresses, hess_y, hess_p, *scale, theta, ek1)
+        term_scale = ode.term_scale_addresses(not ek1 and mode == DIFFUSION_LOCAL)
+        field = TangentField(*ode.field_addresses, hess_y, hess_p, *term_scale, theta, ek1, scale)
         dmean, dvar, dstat, rounding = tangents(field, run, steps, readonly(self.solver.prior.Q_bar_sqrt),
                                                 mode == DIFFUSION_LOCAL)
         cov, dcov = np.zeros((n_out, d, 0, d)), np.zeros((n_out, d, 0, d, n_dir))

@@ -69,6 +69,66 @@ def test_values_equal_solve_and_gradients_match_central_differences(lv_ode, kwar
         np.testing.assert_allclose(grad, fd, rtol=rtol, atol=rtol * np.abs(fd).max())
 
 
+@pytest.mark.parametrize("kwargs", [
+    dict(),  # error control, local diffusion
+    dict(step=0.05),  # global diffusion
+    dict(solver=pn.EK0(order=2), step=0.02, diffusion="local"),  # the EK0's floor has its own θ term
+    dict(solver=pn.EK1(2, structure="diagonal"), diffusion="local", step=0.05),  # the block kernel
+    dict(smooth=True),
+], ids=["ek1-adaptive", "ek1-global", "ek0-local", "diagonal-local", "smoothed"])
+def test_the_rounding_check_keeps_well_conditioned_jacobians(lv_ode, kwargs, monkeypatch):
+    """The rounding check computes the tangents again with every direction times ``RESCALE``. The θ directions
+    also gain terms at every step (∂f/∂θ, ∂²f/∂y∂θ, the EK0 floor's ∂T(f)/∂θ), which must scale with them:
+    until 2026-12-08 they did not, and every evaluation that reached the check was refused as rounding noise
+    (pn.probabilistic_solution on Robertson's stiff kinetics at every point). Forced here on a well-conditioned
+    problem: nothing is refused and the outputs are those without the check."""
+    import pymc_pnode.pn_solution
+
+    times = np.linspace(0.5, 6.0, 12)
+    weights = np.random.default_rng(2).standard_normal((2, times.size, 2))
+    values, _ = _functions(lv_ode, times, weights, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pn.AccuracyWarning)  # the fixed steps miss the tolerances (warned once)
+        unchecked = values(Y0_LV, THETA_LV)
+    monkeypatch.setattr(pymc_pnode.pn_solution, "needs_rounding_check", lambda bound: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        checked = values(Y0_LV, THETA_LV)
+    for a, b in zip(unchecked, checked):
+        np.testing.assert_array_equal(a, b)
+    assert np.all(np.isfinite(checked[-1])) and np.any(checked[-1] != 0.0)
+
+
+def robertson(y, t, p):
+    # Robertson's stiff kinetics, the rate constants 0.04, 3e7, 1e4 scaled by p
+    k1, k2, k3 = 0.04 * p[0], 3e7 * p[1], 1e4 * p[2]
+    return [-k1 * y[0] + k3 * y[1] * y[2], k1 * y[0] - k3 * y[1] * y[2] - k2 * y[1] ** 2, k2 * y[1] ** 2]
+
+
+def test_a_stiff_system_values_and_gradients():
+    """Robertson's kinetics to t = 100 (stiffness ratio ≈ 10⁹): the EK1's mean at its defaults against Radau at
+    1e-12, and the Jacobian in θ against central differences (its rounding bound asks for the check at every
+    evaluation here)."""
+    from scipy.integrate import solve_ivp
+
+    ode = pn.ODE(robertson, n_states=3, n_theta=3)
+    times, y0, theta = np.geomspace(0.1, 100.0, 12), np.array([1.0, 0.0, 0.0]), np.array([1.0, 1.0, 1.0])
+    th = pt.dvector("theta")
+    mean = pn.probabilistic_solution(ode, y0, th, times)[0]
+    weights = np.random.default_rng(3).standard_normal((times.size, 3)) * [1.0, 1e4, 1.0]  # y2 is ≈ 1e-5
+    objective = pt.sum(weights * mean)
+    values = pytensor.function([th], [mean, objective, pytensor.grad(objective, th)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pn.AccuracyWarning)
+        m, _, grad = values(theta)
+    exact = solve_ivp(lambda t, y: robertson(y, t, theta), (0.0, 100.0), y0, method="Radau", t_eval=times,
+                      rtol=1e-12, atol=1e-14).y.T
+    np.testing.assert_allclose(m, exact, rtol=1e-5, atol=1e-9)
+    h = 1e-6
+    fd = [(values(theta + e)[1] - values(theta - e)[1]) / (2 * h) for e in np.eye(3) * h]
+    np.testing.assert_allclose(grad, fd, rtol=1e-3, atol=1e-3 * np.abs(fd).max())
+
+
 @pytest.mark.parametrize("kwargs", SETTINGS, ids=SETTING_IDS)
 def test_smoothed_values_equal_solve_and_gradients_match_central_differences(lv_ode, kwargs):
     times = np.linspace(0.5, 6.0, 12)

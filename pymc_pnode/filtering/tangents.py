@@ -92,9 +92,13 @@ _SMOOTHED_RUN_T = nb.types.NamedTuple([_R2, _R3], SmoothedRun)
 # the dense kernel and their rows ``∂²f_i/∂y_i∂(y, θ)`` (``ODE.hess_rows_y``/``hess_rows_p``) for the block one.
 # ``term_scale`` and ``term_scale_vjp``: the EK0's bound T(f) for the rounding floor (:attr:`pymc_pnode.ODE.term_scale`;
 # 0 where unused).
+# ``theta_scale`` multiplies what the θ directions add at every step themselves (∂f/∂θ, ∂²f/∂y∂θ, the floor's
+# ∂T(f)/∂θ): with it equal to the scale of the initial tangents' θ columns, the tangents are linear in the directions,
+# which the rounding check of pymc_pnode.accuracy (the tangents again with every direction times RESCALE) relies on.
 TangentField = namedtuple("TangentField", ["rhs", "jac_y", "jac_p", "hess_y", "hess_p", "term_scale", "term_scale_vjp",
-                                           "theta", "ek1"])
-_TANGENT_FIELD_T = nb.types.NamedTuple([FN, FN, FN, FN, FN, FN, FN, nb.float64[::1], nb.boolean], TangentField)
+                                           "theta", "ek1", "theta_scale"])
+_TANGENT_FIELD_T = nb.types.NamedTuple([FN, FN, FN, FN, FN, FN, FN, nb.float64[::1], nb.boolean, nb.float64],
+                                       TangentField)
 _TANGENTS_SIG = (_TANGENT_FIELD_T, _STORED_RUN_T, _STEP_TANGENTS_T, _R2, nb.boolean)
 
 
@@ -112,7 +116,8 @@ def field_values(d: int, n_theta: int, hess_shapes: tuple) -> FieldValues:
 
 @nb.njit(**INLINE_JIT)
 def evaluate_field(field: TangentField, t: float, mu_pred: np.ndarray, out: FieldValues) -> None:
-    """``f``, ``∂f/∂y``, ``∂f/∂θ`` (and for the EK1 the second derivatives) at ``ξ = E0 μ⁻``, into ``out``."""
+    """``f``, ``∂f/∂y``, ``∂f/∂θ`` (and for the EK1 the second derivatives) at ``ξ = E0 μ⁻``, into ``out``; the
+    derivatives in ``θ`` times ``field.theta_scale``."""
     xi, p = out.xi, field.theta
     for k in range(xi.shape[0]):
         xi[k] = mu_pred[k]
@@ -122,6 +127,16 @@ def evaluate_field(field: TangentField, t: float, mu_pred: np.ndarray, out: Fiel
     if field.ek1:  # (the EK0 does not call the second derivatives)
         call(field.hess_y, xi, t, p, out.hyy)
         call(field.hess_p, xi, t, p, out.hyp)
+    if field.theta_scale != 1.0:
+        _scale_in_place(out.jp.reshape(-1), field.theta_scale)
+        if field.ek1:
+            _scale_in_place(out.hyp.reshape(-1), field.theta_scale)
+
+
+@nb.njit(**INLINE_JIT)
+def _scale_in_place(values: np.ndarray, factor: float) -> None:
+    for i in range(values.shape[0]):
+        values[i] *= factor
 
 
 @nb.njit(**INLINE_JIT)
@@ -368,7 +383,7 @@ def filter_tangents(vector_field, run, steps, rq, local):
                         for c in range(d):
                             v -= kappa_jbar[k, c] * dh[k, c]
                 if j >= d:  # T(f)'s own dependence on θ (the EK0's floor)
-                    v += kappa_pbar[j - d]
+                    v += vector_field.theta_scale * kappa_pbar[j - d]
                 dkappa[j] = v
                 add_noise(step, rq, q, d, v, dsig_pred)
             dstat[j] += update_tangent(update, dh, dz, work, new_dmu, dsig[j])
@@ -481,7 +496,7 @@ def block_filter_tangents(vector_field, run, steps, rq, local):
                     dkappa[j] += (zbar_all[i] * dz_all[i, j] + jbar_all[i, i] * dl_all[i, j]
                                   + kappa_mbar[i] * dmu_pred[i, j] + kappa_mbar[d + i] * dmu_pred[d + i, j])
             for j in range(d, n_dir):  # T(f)'s own dependence on θ (the EK0's floor)
-                dkappa[j] += kappa_pbar[j - d]
+                dkappa[j] += vector_field.theta_scale * kappa_pbar[j - d]
         elif source == KAPPA_ESTIMATE:  # dκ = Σ_i ∂(ẑ_i² / c_ii / d)/∂(ẑ_i, L_ii) · (dẑ_i, dL_ii)
             for i in range(d):
                 lin1[0, 0] = lin_diag[i, 0]
