@@ -313,6 +313,8 @@ class SolverDiagnostics:
     max_calibration_gap: float = 0.0
     last_failure: str = ""
     last_tightening_failure: str = ""
+    # what to try when a solve runs out of max_steps besides raising it (e.g. an implicit solver for a stiff ODE)
+    max_steps_advice: str = field(default="", repr=False)
     _warned: bool = field(default=False, repr=False)
     _warned_gradient: bool = field(default=False, repr=False)
     _warned_equilibrium: bool = field(default=False, repr=False)
@@ -518,6 +520,8 @@ class SolverDiagnostics:
         if self.step is None and self.n_failed > self.n_unreliable_gradient:
             advice = "" if "jump of the vector field in t" in (self.last_failure or "") else (
                 " That is right where the ODE has no solution over the span; otherwise check y0, theta and max_steps.")
+            if "maximum number of steps" in (self.last_failure or "") and self.max_steps_advice:
+                advice += " " + self.max_steps_advice
             parts.append(
                 f"error-controlled steps failed (-inf) at {self.n_failed - self.n_unreliable_gradient} of "
                 f"{self.n_evaluations} evaluations so far{why}.{advice}"

@@ -34,6 +34,9 @@ __all__ = ["DifferentialEquation", "DopriSolver", "flag_failed_solve"]
 DEFAULT_RTOL = 1e-6
 DEFAULT_ATOL = 1e-8
 DEFAULT_MAX_STEPS = 100_000
+STIFF_ADVICE = ("If the ODE is stiff (fast decaying modes: chemical kinetics, say), an explicit pair needs a step "
+                "below its stability limit all the way: pn.DifferentialEquation(..., solver=pn.EK1()) solves it with "
+                "the A-stable EK1 filter instead.")
 
 
 class DopriSolver:
@@ -72,7 +75,8 @@ class DopriSolver:
         self.t_start = ode.t0 if t_start is None else float(t_start)
         self.times = validate_times(times, "times", start=self.t_start)
         self.control = control
-        self.diagnostics = SolverDiagnostics(label, None, 5) if diagnostics is None else diagnostics
+        self.diagnostics = SolverDiagnostics(label, None, 5, max_steps_advice=STIFF_ADVICE) if diagnostics is None \
+            else diagnostics
 
     def forward(self, y0, theta):
         """``(ys, ts, traj, log_ok)`` for numeric ``y0`` and ``theta`` of the right sizes; counts the evaluation.
@@ -238,6 +242,12 @@ class DifferentialEquation:
         from the solution where the previous one ended plus its jump; an output at such a time is the state before
         the jump, and the gradients run through the restarts. (A jump of the vector field in ``t`` needs no
         declaration here: the Runge–Kutta steps shrink around it, as ``case_studies/fenrir_infusion.ipynb`` uses.)
+    solver : EK1 or EK0, optional
+        An EK1 for stiff systems, which ``pm.ode`` solves with LSODA and an explicit pair only with prohibitively small
+        steps: the mean of this ODE filter (error-controlled at ``rtol``/``atol``, its local diffusion; the EK1 is
+        A-stable; Kersting, Sullivan & Hennig, 2020, and Bosch, Hennig & Tronarp, 2021, §4) instead of DOPRI5, with
+        exact forward-mode derivatives on the grid it chose (:func:`pymc_pnode.probabilistic_solution`'s ``mean``;
+        its standard deviation is left out). ``None`` (default): DOPRI5.
 
     Examples
     --------
@@ -266,6 +276,7 @@ class DifferentialEquation:
         max_steps: int = DEFAULT_MAX_STEPS,
         name: str = "ode",
         discontinuities=None,
+        solver=None,
     ):
         if isinstance(func, ODE):
             for arg, value, expected in (("n_states", n_states, func.n_states), ("n_theta", n_theta, func.n_theta)):
@@ -290,7 +301,18 @@ class DifferentialEquation:
         self.discontinuities = validate_discontinuities(discontinuities, ode.t0, float(self.times[-1]))
         self._discontinuities_argument = discontinuities
         self.segments = []
-        if self.discontinuities.size:
+        self.filter_segments = None  # with ``solver``: the ODE filter's solves (pn_solution.SolutionSegment)
+        if solver is not None:
+            from pymc_pnode.filtering.structure import STRUCTURES
+            from pymc_pnode.pn_solution import solution_segments  # (pn_solution imports this module)
+            from pymc_pnode.solve import validate_filter
+
+            solver = validate_filter(solver, STRUCTURES, user="pn.DifferentialEquation")
+            diagnostics = SolverDiagnostics(f"{name} ({type(solver).__name__}({solver.order}))", None, solver.order)
+            self.filter_segments = solution_segments(
+                ode, self.times, self.discontinuities, None, solver=solver, rtol=control.rtol, atol=control.atol,
+                max_steps=int(control.max_steps), diffusion="local", diagnostics=diagnostics)
+        elif self.discontinuities.size:
             for start, end, _, at in split_times(ode.t0, float(self.times[-1]), self.discontinuities, self.times):
                 seg_times = np.union1d(at, [end])
                 solver = DopriSolver(ode, seg_times, control, t_start=start, diagnostics=self.solver.diagnostics)
@@ -303,6 +325,8 @@ class DifferentialEquation:
     @property
     def diagnostics(self) -> SolverDiagnostics:
         """Steps, rejected steps and failed solves so far (a snapshot over this and worker processes)."""
+        if self.filter_segments is not None:
+            return self.filter_segments[0].problem.diagnostics.merged()
         return self.solver.diagnostics.merged()
 
     def __call__(self, y0, theta=None, return_sens: bool = False, jumps=None) -> pt.TensorVariable:
@@ -326,6 +350,11 @@ class DifferentialEquation:
         if jumps is not None:
             jumps = declared_restarts(self._discontinuities_argument, jumps, self.ode.t0, float(self.times[-1]),
                                       self.ode.n_states)[1]
+        if self.filter_segments is not None:
+            from pymc_pnode.pn_solution import solution_tensors
+
+            mean, _, _, log_ok = solution_tensors(self.filter_segments, y_start, theta, jumps)
+            return flag_failed_solve(self.name, log_ok, mean)[0]
         if not self.segments:
             ys, _, _, log_ok = DopriSolveOp(self.solver)(y_start, theta)
             return flag_failed_solve(self.name, log_ok, ys)[0]

@@ -55,7 +55,7 @@ from pymc_pnode.solve import (
 )
 from pymc_pnode.validation import validate_step, validate_times
 
-__all__ = ["PNSolutionProblem", "probabilistic_solution"]
+__all__ = ["PNSolutionProblem", "probabilistic_solution", "solution_segments", "solution_tensors"]
 
 
 Evaluation = namedtuple("Evaluation", ["mean", "std", "cov", "jac_mean", "jac_std", "jac_cov", "log_ok"])
@@ -377,29 +377,48 @@ def probabilistic_solution(
     settings = dict(solver=solver, rtol=control.rtol, atol=control.atol, max_steps=int(control.max_steps),
                     diffusion=DIFFUSION_ARGUMENTS.get(mode, kappa),
                     smooth=bool(smooth), joint_cov=bool(joint_cov))
-    y_start, theta_t = ode.y0_tensor(y0), ode.theta_tensor(theta)
-    means, stds, covs, log_ok = [], [], [], None
-    for s, (start, end, _, at) in enumerate(split_times(ode.t0, float(times[-1]), disc, times)):
-        # each segment solves to its end (the next starts from the mean there) and reports its own output times
+    segments = solution_segments(ode, times, disc, control.step, **settings)
+    mean, std, cov, log_ok = solution_tensors(segments, ode.y0_tensor(y0), ode.theta_tensor(theta), jumps)
+    outputs = flag_failed_solve(name, log_ok, mean, std, *([cov] if joint_cov else []))
+    return tuple(outputs)
+
+
+# One solve between restarts: its problem and the rows of its outputs that are output times of the whole solution.
+SolutionSegment = namedtuple("SolutionSegment", ["problem", "keep"])
+
+
+def solution_segments(ode: ODE, times: np.ndarray, discontinuities: np.ndarray, step: float | None,
+                      **settings) -> list[SolutionSegment]:
+    """The :class:`PNSolutionProblem` of each segment between the restarts at ``discontinuities`` (validated):
+    each solves to its end (the next starts from the mean there) and reports its own output times. ``settings``:
+    the other fields of :class:`PNSolutionProblem` (a shared ``diagnostics`` among them, or one per segment)."""
+    segments = []
+    for start, end, _, at in split_times(ode.t0, float(times[-1]), discontinuities, times):
         seg_times = np.union1d(at, [end])
-        seg_step = None if control.step is None else min(control.step, end - start)
-        problem = PNSolutionProblem(ode, seg_times, step=seg_step, t_start=None if disc.size == 0 else start,
-                                    **settings)
-        seg_mean, seg_std, seg_cov, *_, seg_ok = PNSolutionOp(problem)(y_start, theta_t)
+        seg_step = None if step is None else min(step, end - start)
+        problem = PNSolutionProblem(ode, seg_times, step=seg_step,
+                                    t_start=None if discontinuities.size == 0 else start, **settings)
+        segments.append(SolutionSegment(problem, np.searchsorted(seg_times, at)))
+    return segments
+
+
+def solution_tensors(segments: list[SolutionSegment], y_start, theta, jumps):
+    """``(mean, std, cov, log_ok)`` of the segments' solves from ``y_start`` (tensors; ``cov`` None unless the
+    problems ask for it), each segment restarting from the previous one's last mean plus its row of ``jumps``."""
+    n_states, joint_cov = segments[0].problem.ode.n_states, segments[0].problem.joint_cov
+    means, stds, covs, log_ok = [], [], [], None
+    for s, (problem, keep) in enumerate(segments):
+        seg_mean, seg_std, seg_cov, *_, seg_ok = PNSolutionOp(problem)(y_start, theta)
         log_ok = seg_ok if log_ok is None else log_ok + seg_ok
         y_start = restart_state(seg_mean[-1], jumps, s)
-        keep = np.searchsorted(seg_times, at)
-        if keep.size < seg_times.size:  # the segment's end is not an output time
-            rows = (keep[:, None] * ode.n_states + np.arange(ode.n_states)).ravel()
+        if keep.size < problem.times.size:  # the segment's end is not an output time
+            rows = (keep[:, None] * n_states + np.arange(n_states)).ravel()
             seg_mean, seg_std = seg_mean[keep], seg_std[keep]
             seg_cov = seg_cov[rows][:, rows] if joint_cov else seg_cov
         means.append(seg_mean)
         stds.append(seg_std)
         covs.append(seg_cov)
-    if disc.size == 0:
-        mean, std, cov = means[0], stds[0], covs[0]
-    else:  # independent segments (each restarts with zero covariance): block-diagonal across them
-        mean, std = pt.concatenate(means), pt.concatenate(stds)
-        cov = block_diag(*covs) if joint_cov else None
-    outputs = flag_failed_solve(name, log_ok, mean, std, *([cov] if joint_cov else []))
-    return tuple(outputs)
+    if len(segments) == 1:
+        return means[0], stds[0], covs[0] if joint_cov else None, log_ok
+    # independent segments (each restarts with zero covariance): block-diagonal across them
+    return pt.concatenate(means), pt.concatenate(stds), block_diag(*covs) if joint_cov else None, log_ok

@@ -12,7 +12,7 @@ from scipy.integrate._ivp.rk import RK45
 
 import pymc_pnode as pn
 from pymc_pnode.classical.dopri import dopri_forward
-from tests.conftest import central_differences
+from tests.conftest import ROBERTSON_TIMES, ROBERTSON_Y0, central_differences, check_robertson_solution, robertson
 
 
 def sir(y, t, p):
@@ -204,6 +204,37 @@ def test_max_steps_is_a_failure():
     ys = de(y0=y0, theta=theta).eval()
     assert np.isnan(ys[-1]).all()
     assert de.diagnostics.n_failed == 1
+
+
+def test_a_stiff_system_with_the_ek1():
+    """DOPRI5 runs out of its 100,000 steps on Robertson's kinetics to t = 100 (NaN, counted, warned with the
+    advice below); ``solver=pn.EK1(3)`` solves it as Radau does, with gradients equal to central differences, and
+    counts its solves."""
+    kwargs = dict(n_states=3, n_theta=3)
+    with pytest.warns(pn.AccuracyWarning, match=r"maximum number of steps.*solver=pn\.EK1\(\)"):
+        explicit = pn.DifferentialEquation(robertson, ROBERTSON_TIMES, **kwargs)
+        assert np.isnan(explicit(y0=ROBERTSON_Y0, theta=np.ones(3)).eval()).all()
+    de = pn.DifferentialEquation(robertson, ROBERTSON_TIMES, solver=pn.EK1(3), **kwargs)
+    check_robertson_solution(lambda th: de(y0=ROBERTSON_Y0, theta=th))
+    assert de.diagnostics.n_evaluations == 7 and de.diagnostics.n_failed == 0
+    with pytest.raises(ValueError, match="solver"):
+        pn.DifferentialEquation(robertson, ROBERTSON_TIMES, solver="radau", **kwargs)
+
+
+def test_the_ek1_with_restarts_equals_dopri5():
+    """``solver=`` with ``discontinuities`` and random-free ``jumps``: the same solution as DOPRI5 (a dose of a
+    one-compartment model at t = 3), within both solvers' tolerances."""
+    def elimination(y, t, p):
+        return [-p[0] * y[0]]
+
+    times = np.linspace(0.5, 6.0, 12)
+    kwargs = dict(n_states=1, n_theta=1, discontinuities=[3.0])
+    classical = pn.DifferentialEquation(elimination, times, **kwargs)(y0=[1.0], theta=[0.7], jumps=[[2.0]])
+    filtered = pn.DifferentialEquation(elimination, times, solver=pn.EK1(3), **kwargs)(y0=[1.0], theta=[0.7],
+                                                                                         jumps=[[2.0]])
+    exact = np.exp(-0.7 * times) + 2.0 * np.exp(-0.7 * (times - 3.0)) * (times > 3.0)
+    np.testing.assert_allclose(classical.eval()[:, 0], exact, rtol=1e-6)
+    np.testing.assert_allclose(filtered.eval()[:, 0], exact, rtol=1e-6)
 
 
 def test_accepts_an_ode_and_validates_its_arguments():

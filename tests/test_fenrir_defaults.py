@@ -22,6 +22,7 @@ from pymc_pnode.accuracy import SolverDiagnostics
 from pymc_pnode.filtering.odefilter import DIFFUSION_FIXED, DIFFUSION_GLOBAL, DIFFUSION_LOCAL
 from pymc_pnode.filtering.stepping import propose_step
 from pymc_pnode.likelihoods.fenrir import FenrirProblem, Segment, StepControl
+from tests.conftest import robertson
 
 
 def relaxation_oscillator(y, t, p):
@@ -122,12 +123,6 @@ def brusselator(y, t, p):
 def sir(y, t, p):
     infections = p[0] * y[0] * y[1]
     return [-infections, infections - p[1] * y[1]]
-
-
-def robertson(y, t, p):
-    # Robertson's stiff kinetics, the rate constants 0.04, 3e7, 1e4 scaled by p.
-    k1, k2, k3 = 0.04 * p[0], 3e7 * p[1], 1e4 * p[2]
-    return [-k1 * y[0] + k3 * y[1] * y[2], k1 * y[0] - k3 * y[1] * y[2] - k2 * y[1] ** 2, k2 * y[1] ** 2]
 
 
 # (vector field, y0, times, observed states, truth, noise sd, points, reference method): a limit cycle with both

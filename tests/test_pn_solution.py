@@ -12,7 +12,15 @@ import pytest
 import pymc_pnode as pn
 from pymc_pnode.pn_solution import PNSolutionProblem
 from tests import test_fenrir_discontinuities as chain
-from tests.conftest import central_differences, fitzhugh_nagumo, lotka_volterra
+from tests.conftest import (
+    ROBERTSON_TIMES,
+    ROBERTSON_Y0,
+    central_differences,
+    check_robertson_solution,
+    fitzhugh_nagumo,
+    lotka_volterra,
+    robertson,
+)
 
 
 def blowup(y, t, p):
@@ -99,34 +107,11 @@ def test_the_rounding_check_keeps_well_conditioned_jacobians(lv_ode, kwargs, mon
     assert np.all(np.isfinite(checked[-1])) and np.any(checked[-1] != 0.0)
 
 
-def robertson(y, t, p):
-    # Robertson's stiff kinetics, the rate constants 0.04, 3e7, 1e4 scaled by p
-    k1, k2, k3 = 0.04 * p[0], 3e7 * p[1], 1e4 * p[2]
-    return [-k1 * y[0] + k3 * y[1] * y[2], k1 * y[0] - k3 * y[1] * y[2] - k2 * y[1] ** 2, k2 * y[1] ** 2]
-
-
 def test_a_stiff_system_values_and_gradients():
-    """Robertson's kinetics to t = 100 (stiffness ratio ≈ 10⁹): the EK1's mean at its defaults against Radau at
-    1e-12, and the Jacobian in θ against central differences (its rounding bound asks for the check at every
-    evaluation here)."""
-    from scipy.integrate import solve_ivp
-
+    """Robertson's kinetics to t = 100: the EK1's mean at its defaults against Radau, and its Jacobian in θ against
+    central differences (its rounding bound asks for the check at every evaluation here)."""
     ode = pn.ODE(robertson, n_states=3, n_theta=3)
-    times, y0, theta = np.geomspace(0.1, 100.0, 12), np.array([1.0, 0.0, 0.0]), np.array([1.0, 1.0, 1.0])
-    th = pt.dvector("theta")
-    mean = pn.probabilistic_solution(ode, y0, th, times)[0]
-    weights = np.random.default_rng(3).standard_normal((times.size, 3)) * [1.0, 1e4, 1.0]  # y2 is ≈ 1e-5
-    objective = pt.sum(weights * mean)
-    values = pytensor.function([th], [mean, objective, pytensor.grad(objective, th)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", pn.AccuracyWarning)
-        m, _, grad = values(theta)
-    exact = solve_ivp(lambda t, y: robertson(y, t, theta), (0.0, 100.0), y0, method="Radau", t_eval=times,
-                      rtol=1e-12, atol=1e-14).y.T
-    np.testing.assert_allclose(m, exact, rtol=1e-5, atol=1e-9)
-    h = 1e-6
-    fd = [(values(theta + e)[1] - values(theta - e)[1]) / (2 * h) for e in np.eye(3) * h]
-    np.testing.assert_allclose(grad, fd, rtol=1e-3, atol=1e-3 * np.abs(fd).max())
+    check_robertson_solution(lambda th: pn.probabilistic_solution(ode, ROBERTSON_Y0, th, ROBERTSON_TIMES)[0])
 
 
 @pytest.mark.parametrize("kwargs", SETTINGS, ids=SETTING_IDS)
