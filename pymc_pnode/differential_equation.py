@@ -308,7 +308,8 @@ class DifferentialEquation:
             from pymc_pnode.solve import validate_filter
 
             solver = validate_filter(solver, STRUCTURES, user="pn.DifferentialEquation")
-            diagnostics = SolverDiagnostics(f"{name} ({type(solver).__name__}({solver.order}))", None, solver.order)
+            diagnostics = SolverDiagnostics.for_filter(f"{name} ({type(solver).__name__}({solver.order}))", None,
+                                                       solver)
             self.filter_segments = solution_segments(
                 ode, self.times, self.discontinuities, None, solver=solver, rtol=control.rtol, atol=control.atol,
                 max_steps=int(control.max_steps), diffusion="local", diagnostics=diagnostics)

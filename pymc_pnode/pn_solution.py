@@ -89,8 +89,8 @@ class PNSolutionProblem:
 
     def __post_init__(self) -> None:
         if self.diagnostics is None:  # a fixed step is checked against the tolerances at every evaluation
-            object.__setattr__(self, "diagnostics", SolverDiagnostics("probabilistic_solution", self.step,
-                                                                      self.solver.order))
+            object.__setattr__(self, "diagnostics", SolverDiagnostics.for_filter("probabilistic_solution", self.step,
+                                                                                 self.solver))
 
     @property
     def start(self) -> float:

@@ -164,6 +164,20 @@ def test_default_gradient_agrees_with_the_exact_likelihoods_gradient(name):
             th, gradient, exact_gradient)
 
 
+def test_an_ek0_that_runs_out_of_steps_on_a_stiff_system_is_advised_the_ek1():
+    """Robertson's kinetics: the EK0's steps stay below its stability limit and reach max_steps near t = 1.6;
+    the evaluation is -inf and the warning names the EK1 (which solves it: the gradient test above)."""
+    from tests.conftest import ROBERTSON_TIMES, ROBERTSON_Y0
+
+    ode = pn.ODE(robertson, n_states=3, n_theta=3)
+    theta = pt.dvector("theta")
+    logp = pytensor.function([theta], pn.fenrir_loglik(ode, ROBERTSON_Y0, theta, ROBERTSON_TIMES,
+                                                       np.zeros((ROBERTSON_TIMES.size, 1)), obs_matrix=[[0, 0, 1.0]],
+                                                       obs_sigma=0.01, solver=pn.EK0(3)))
+    with pytest.warns(pn.AccuracyWarning, match=r"maximum number of steps.*the EK1 \(solver=pn\.EK1"):
+        assert logp(np.ones(3)) == -np.inf
+
+
 @pytest.mark.parametrize("step", [0.2, 0.1, 0.05, 0.02])
 def test_a_fixed_step_is_never_silently_wrong(step):
     """The relaxation oscillator over μ ∈ [1, 10] at fixed steps: each evaluation is within 1 % of the

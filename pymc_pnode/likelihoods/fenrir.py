@@ -194,7 +194,7 @@ class FenrirProblem:
                              f"accurately; merge or average such observations")
         budget = as_positive_float(memory_budget, "memory_budget")
         segments = build_segments(ode.t0, times, disc, control.step)
-        diagnostics = SolverDiagnostics(label=label, step=control.step, order=solver.order)
+        diagnostics = SolverDiagnostics.for_filter(label, control.step, solver)
         return cls(ode, solver, times, segments, np.ascontiguousarray(cmat),
                    np.zeros(data_shape, dtype=bool), n_sigma, control, int(diffusion_mode), diagnostics, disc, budget)
 
@@ -877,7 +877,7 @@ def _check_accuracy_before_sampling(model, problem: FenrirProblem, filled, param
     if draws is not None:
         points += [[np.asarray(v)[j] for v in draws] for j in range(_N_PRIOR_CHECKS)]
         where += f" and {_N_PRIOR_CHECKS} prior draws"
-    probe = SolverDiagnostics(problem.diagnostics.label, problem.step, problem.solver.order)
+    probe = SolverDiagnostics.for_filter(problem.diagnostics.label, problem.step, problem.solver)
     for y0, theta, sigma, kappa, *jumps in points:
         problem.evaluate(y0, theta, filled, sigma, kappa, *jumps, diagnostics=probe, warn=False)
     if probe.n_calibration_gap:
