@@ -399,7 +399,7 @@ class SolverDiagnostics:
         path = os.path.join(_SPOOL_DIR, f"{self.key}.{os.getpid()}.json")
         with open(path + ".tmp", "w") as f:
             json.dump({name: getattr(self, name) for name in (*_COUNTS, "max_error", "max_calibration_gap",
-                                                              "last_tightening_failure")}, f)
+                                                              "last_failure", "last_tightening_failure")}, f)
         os.replace(path + ".tmp", path)
         self._last_flush = time.monotonic()
 
@@ -419,6 +419,7 @@ class SolverDiagnostics:
             total.max_error = max(total.max_error, float(other["max_error"]))
             total.max_calibration_gap = max(total.max_calibration_gap, float(other["max_calibration_gap"]))
             total.last_tightening_failure = total.last_tightening_failure or other.get("last_tightening_failure", "")
+            total.last_failure = total.last_failure or other.get("last_failure", "")  # why a worker's solve failed
         return total
 
     @property

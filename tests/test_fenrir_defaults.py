@@ -266,12 +266,13 @@ def test_a_global_diffusion_is_checked_before_sampling():
 
 
 def test_counts_of_other_processes_reach_this_one():
-    """A forked process's counts (here a calibration gap) reach the process that owns them through its spool file:
-    merged, and warned here once that process has exited."""
+    """A forked process's counts (here a calibration gap and a failed solve) reach the process that owns them through
+    its spool file: merged, with why the solve failed, and warned here once that process has exited."""
     counts = SolverDiagnostics("probe")
 
     def count_elsewhere():
         counts.record(10, 0, 0.5, failed=False, warn=False, calibration_gap=5.0)
+        counts.record(3, 0, 0.0, failed=True, warn=False, failure="maximum number of steps reached, at t = 7")
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -282,8 +283,9 @@ def test_counts_of_other_processes_reach_this_one():
         while time.monotonic() < deadline and not _gap_warnings(caught):
             time.sleep(0.1)
     total = counts.merged()
-    assert counts.n_evaluations == 0 and total.n_evaluations == 1 and total.n_steps == 10
+    assert counts.n_evaluations == 0 and total.n_evaluations == 2 and total.n_steps == 13
     assert total.n_calibration_gap == 1 and total.max_calibration_gap == 5.0
+    assert total.n_failed == 1 and total.last_failure == "maximum number of steps reached, at t = 7"
     (message,) = _gap_warnings(caught)
     assert message.startswith("after sampling in other processes: probe: ") and "by up to 5 nats" in message
 
