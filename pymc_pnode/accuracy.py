@@ -316,13 +316,6 @@ class SolverDiagnostics:
     # what to try when a solve runs out of max_steps besides raising it (e.g. an implicit solver for a stiff ODE)
     max_steps_advice: str = field(default="", repr=False)
 
-    @classmethod
-    def for_filter(cls, label: str, step: float | None, solver) -> "SolverDiagnostics":
-        """Counts of an ODE filter's solves: an EK0 that runs out of steps is advised the EK1 (stiff ODEs)."""
-        advice = "" if solver.ek1 else (
-            "If the ODE is stiff (fast decaying modes), the EK0 needs a step below its stability limit all the way: "
-            "the EK1 (solver=pn.EK1(...)) is A-stable.")
-        return cls(label, step, solver.order, max_steps_advice=advice)
     _warned: bool = field(default=False, repr=False)
     _warned_gradient: bool = field(default=False, repr=False)
     _warned_equilibrium: bool = field(default=False, repr=False)
@@ -336,6 +329,14 @@ class SolverDiagnostics:
 
     def __post_init__(self) -> None:
         _LIVE.setdefault(self.key, self)  # the fork hook shares these with the children (copies keep the key)
+
+    @classmethod
+    def for_filter(cls, label: str, step: float | None, solver) -> "SolverDiagnostics":
+        """Counts of an ODE filter's solves: an EK0 that runs out of steps is advised the EK1 (stiff ODEs)."""
+        advice = "" if solver.ek1 else (
+            "If the ODE is stiff (fast decaying modes), the EK0 needs a step below its stability limit all the way: "
+            "the EK1 (solver=pn.EK1(...)) is A-stable.")
+        return cls(label, step, solver.order, max_steps_advice=advice)
 
     def __getstate__(self) -> dict:
         if os.getpid() == self._owner_pid:
