@@ -30,8 +30,8 @@ from scipy.stats import norm
 
 import pymc_pnode as pn
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from test_fenrir_defaults import CASES, _reference  # noqa: E402  (the boxes and references of the tests)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # tests/ as a package
+from tests.test_fenrir_defaults import CASES, _reference  # noqa: E402  (the boxes and references of the tests)
 
 warnings.filterwarnings("ignore", message=".*could not link to a BLAS.*")
 

@@ -35,8 +35,8 @@ from scipy.stats import norm
 import pymc_pnode as pn
 from pymc_pnode.solve import fixed_grid
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from test_fenrir_defaults import CASES  # noqa: E402  (the same ODEs and boxes as the tests)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # tests/ as a package
+from tests.test_fenrir_defaults import CASES  # noqa: E402  (the same ODEs and boxes as the tests)
 
 warnings.filterwarnings("ignore", message="PyTensor could not link to a BLAS")
 warnings.filterwarnings("ignore", category=pn.AccuracyWarning)  # the fixed-step rows are meant to be coarse

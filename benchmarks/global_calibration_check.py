@@ -29,10 +29,11 @@ from scipy.stats import norm
 import pymc_pnode as pn
 from pymc_pnode.likelihoods.fenrir import FenrirProblem
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # tests/ as a package
 sys.path.insert(0, os.path.dirname(__file__))
 from fenrir_defaults import loglik_function, reference  # noqa: E402
-from test_fenrir_defaults import CASES  # noqa: E402  (the same ODEs and boxes as the tests)
+
+from tests.test_fenrir_defaults import CASES  # noqa: E402  (the same ODEs and boxes as the tests)
 
 warnings.filterwarnings("ignore", message="PyTensor could not link to a BLAS")
 warnings.filterwarnings("ignore", category=pn.AccuracyWarning)  # counted below instead

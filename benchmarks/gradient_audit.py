@@ -38,9 +38,9 @@ from scipy.integrate import solve_ivp
 
 import pymc_pnode as pn
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from test_fenrir_defaults import brusselator, sir  # noqa: E402  (the vector fields the tests use too)
-from test_fenrir_defaults import relaxation_oscillator as van_der_pol  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # tests/ as a package
+from tests.test_fenrir_defaults import brusselator, sir  # noqa: E402  (the vector fields the tests use too)
+from tests.test_fenrir_defaults import relaxation_oscillator as van_der_pol  # noqa: E402
 
 warnings.filterwarnings("ignore", message="PyTensor could not link to a BLAS")
 

@@ -12,7 +12,9 @@ Run: ``python benchmarks/stiff_drop_in.py [--repeats 11]``; prints a Markdown ta
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import sys
 import time
 import warnings
 
@@ -24,12 +26,10 @@ from scipy.integrate import solve_ivp
 
 import pymc_pnode as pn
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # tests/ as a package
+from tests.conftest import robertson  # noqa: E402  (the tests' Robertson kinetics, rates scaled by θ)
+
 warnings.filterwarnings("ignore", message=".*could not link to a BLAS.*")
-
-
-def robertson(y, t, p):
-    k1, k2, k3 = 0.04 * p[0], 3e7 * p[1], 1e4 * p[2]
-    return [-k1 * y[0] + k3 * y[1] * y[2], k1 * y[0] - k3 * y[1] * y[2] - k2 * y[1] ** 2, k2 * y[1] ** 2]
 
 
 def main() -> None:
